@@ -1,0 +1,5 @@
+"""`python -m auditor` runs the CLI."""
+
+from auditor.cli import main
+
+main()

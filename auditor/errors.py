@@ -1,0 +1,53 @@
+"""The one exception hierarchy: every foreseeable failure a user can cause or meet.
+
+The CLI turns these into a one-line message and an exit code; nothing else reaches
+a user as a traceback.
+"""
+
+from __future__ import annotations
+
+
+class AuditorError(Exception):
+    """Base of every error the auditor raises on purpose."""
+
+    exit_code = 1
+
+
+class InputError(AuditorError):
+    """Bad input: names the file, the line (1-based) and the field where known."""
+
+    exit_code = 2
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        file: str | None = None,
+        line: int | None = None,
+        field: str | None = None,
+    ) -> None:
+        self.message = message
+        self.file = file
+        self.line = line
+        self.field = field
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        where = ""
+        if self.file is not None:
+            where = self.file
+            if self.line is not None:
+                where += f":{self.line}"
+            where += ": "
+        field = f"field {self.field!r}: " if self.field else ""
+        return f"{where}{field}{self.message}"
+
+
+class ConfigError(InputError):
+    """A configuration file or option that cannot be used."""
+
+
+class StoreError(AuditorError):
+    """The database cannot be reached or is not at the expected schema."""
+
+    exit_code = 3

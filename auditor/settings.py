@@ -1,0 +1,131 @@
+"""Settings as frozen dataclasses, each default documented; read from env and a TOML file.
+
+The classifier's thresholds (SPEC §3) live here as data so that every audit run records
+the values it used.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from auditor.errors import ConfigError
+
+DEFAULT_DB_FILE = "auditor.db"
+DB_URL_ENV = "AUDITOR_DB_URL"
+CONFIG_ENV = "AUDITOR_CONFIG"
+
+
+@dataclass(frozen=True, slots=True)
+class Thresholds:
+    """The classifier's knobs. Defaults are SPEC §3's."""
+
+    idle_threshold_pct: float = 5.0
+    """A sample is idle when its utilisation is at or below this (percent)."""
+    startup_cap_s: float = 1800.0
+    """A leading idle run is `startup` for this long, `reserved_idle` after."""
+    teardown_cap_s: float = 600.0
+    """A trailing idle run is `teardown` for this long, `reserved_idle` after."""
+    reserved_after_s: float = 1800.0
+    """A mid-tenure idle run at least this long is `reserved_idle`."""
+    straggler_tolerance_pct: float = 10.0
+    """An active card this many points below the gang's busiest waits for a straggler."""
+    checkpoint_min_gaps: int = 3
+    """A regular series of gang-wide gaps needs at least this many gaps."""
+    checkpoint_min_gap_s: float = 15.0
+    """Shortest gang-wide gap that can be a checkpoint."""
+    checkpoint_max_gap_s: float = 900.0
+    """Longest gang-wide gap that can be a checkpoint."""
+    checkpoint_length_factor: float = 1.5
+    """Gaps of one series are within this factor of the series' median length."""
+    checkpoint_max_cv: float = 0.3
+    """Largest coefficient of variation of a series' start-to-start intervals."""
+    gap_periods: float = 3.0
+    """A sample whose next one is more than this many periods away covers one period."""
+    default_period_s: float = 5.0
+    """Period assumed for a GPU with a single sample."""
+
+    def as_dict(self) -> dict[str, float | int]:
+        return asdict(self)
+
+    def updated(self, values: dict[str, Any], *, source: str = "thresholds") -> Thresholds:
+        """A copy with `values` applied; unknown keys and bad values are a ConfigError."""
+        known = {f.name: f for f in fields(self)}
+        clean: dict[str, Any] = {}
+        for key, value in values.items():
+            if key not in known:
+                raise ConfigError(f"unknown threshold (known: {', '.join(known)})", file=source,
+                                  field=key)
+            want = int if known[key].type in ("int", int) else float
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ConfigError(f"must be a number, not {value!r}", file=source, field=key)
+            if value < 0:
+                raise ConfigError(f"must not be negative, got {value!r}", file=source, field=key)
+            clean[key] = want(value)
+        return replace(self, **clean)
+
+
+@dataclass(frozen=True, slots=True)
+class TeamRules:
+    """How a pod's team is found (SPEC §2.2): label, else annotation, else namespace."""
+
+    label: str = "team"
+    annotation: str = "team"
+    namespace_teams: dict[str, str] = field(default_factory=dict)
+    """Namespace -> team, used before falling back to the namespace itself."""
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """Everything a config file can set."""
+
+    thresholds: Thresholds = field(default_factory=Thresholds)
+    teams: TeamRules = field(default_factory=TeamRules)
+
+
+def default_db_url(cwd: Path | None = None) -> str:
+    """`AUDITOR_DB_URL`, else a SQLite file `auditor.db` in the working directory."""
+    env = os.environ.get(DB_URL_ENV)
+    if env:
+        return env
+    return f"sqlite:///{(cwd or Path.cwd()) / DEFAULT_DB_FILE}"
+
+
+def load_config(path: Path | None) -> Config:
+    """Read a TOML config file (or `AUDITOR_CONFIG`); defaults when there is none."""
+    if path is None:
+        env = os.environ.get(CONFIG_ENV)
+        path = Path(env) if env else None
+    if path is None:
+        return Config()
+    name = str(path)
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as e:
+        raise ConfigError("config file does not exist", file=name) from e
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"not valid TOML: {e}", file=name) from e
+    unknown = set(raw) - {"thresholds", "teams"}
+    if unknown:
+        raise ConfigError("unknown section", file=name, field=sorted(unknown)[0])
+    thresholds = Thresholds().updated(dict(raw.get("thresholds", {})), source=name)
+    teams_raw = dict(raw.get("teams", {}))
+    known_team_keys = {"label", "annotation", "namespaces"}
+    for key in teams_raw:
+        if key not in known_team_keys:
+            raise ConfigError("unknown key in [teams]", file=name, field=f"teams.{key}")
+    namespaces = teams_raw.get("namespaces", {})
+    if not isinstance(namespaces, dict) or not all(
+        isinstance(v, str) for v in namespaces.values()
+    ):
+        raise ConfigError("must be a table of namespace = team", file=name,
+                          field="teams.namespaces")
+    teams = TeamRules(
+        label=str(teams_raw.get("label", "team")),
+        annotation=str(teams_raw.get("annotation", "team")),
+        namespace_teams=dict(namespaces),
+    )
+    return Config(thresholds=thresholds, teams=teams)

@@ -1,0 +1,1 @@
+"""The store: the one schema, engines, idempotent writes and reads into DataFrames."""

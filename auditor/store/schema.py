@@ -1,0 +1,142 @@
+"""The one schema. Natural keys make every write idempotent; times are epoch milliseconds UTC.
+
+Migrations in `migrations/` must produce exactly this (a test compares them).
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Column,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+)
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+gpus = Table(
+    "gpus",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("uuid", String(128), nullable=False, unique=True),
+    Column("node", String(253), nullable=False),
+    Column("gpu_index", Integer, nullable=True),
+    Column("model", String(128), nullable=True),
+    Column("memory_total_mib", Float, nullable=True),
+    Column("parent_uuid", String(128), nullable=True),
+    Index("ix_gpus_node_index", "node", "gpu_index"),
+)
+
+gpu_samples = Table(
+    "gpu_samples",
+    metadata,
+    Column("gpu_id", Integer, ForeignKey("gpus.id", ondelete="CASCADE"), primary_key=True),
+    Column("ts_ms", BigInteger, primary_key=True),
+    Column("util", Float, nullable=True),
+    Column("memory_used_mib", Float, nullable=True),
+    Column("memory_total_mib", Float, nullable=True),
+    Column("power_w", Float, nullable=True),
+    Column("sm_clock_mhz", Float, nullable=True),
+    Column("throttle_reasons", String(64), nullable=True),
+    Column("temperature_c", Float, nullable=True),
+    Column("sm_active", Float, nullable=True),
+    Column("tensor_active", Float, nullable=True),
+    Column("dram_active", Float, nullable=True),
+)
+
+pods = Table(
+    "pods",
+    metadata,
+    Column("uid", String(64), primary_key=True),
+    Column("namespace", String(253), nullable=False),
+    Column("name", String(253), nullable=False),
+    Column("node", String(253), nullable=True),
+    Column("team", String(253), nullable=False),
+    Column("job", String(512), nullable=False),
+    Column("job_kind", String(64), nullable=False),
+    Column("workload", String(32), nullable=False),
+    Column("gang", String(600), nullable=False),
+    Column("rank", Integer, nullable=True),
+    Column("gpu_count", Integer, nullable=False),
+    Column("gpu_resource", String(128), nullable=False),
+    Column("created_ms", BigInteger, nullable=True),
+    Column("bound_ms", BigInteger, nullable=True),
+    Column("started_ms", BigInteger, nullable=True),
+    Column("finished_ms", BigInteger, nullable=True),
+    Column("deleted_ms", BigInteger, nullable=True),
+    Column("phase", String(32), nullable=True),
+    Column("resource_version", String(64), nullable=True),
+    Column("labels", JSON, nullable=False),
+    Column("annotations", JSON, nullable=False),
+    Index("ix_pods_node_bound", "node", "bound_ms"),
+    Index("ix_pods_namespace_name", "namespace", "name"),
+)
+
+gpu_assignments = Table(
+    "gpu_assignments",
+    metadata,
+    Column("pod_uid", String(64), ForeignKey("pods.uid", ondelete="CASCADE"), primary_key=True),
+    Column("gpu_id", Integer, ForeignKey("gpus.id", ondelete="CASCADE"), primary_key=True),
+    Column("first_seen_ms", BigInteger, nullable=False),
+    Column("last_seen_ms", BigInteger, nullable=False),
+    Column("source", String(32), nullable=False),
+)
+"""Exact GPU -> pod mapping seen by a source (pod-resources, dcgm labels)."""
+
+audit_runs = Table(
+    "audit_runs",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("window_start_ms", BigInteger, nullable=False),
+    Column("window_end_ms", BigInteger, nullable=False),
+    Column("shard", String(32), nullable=False),
+    Column("created_ms", BigInteger, nullable=False),
+    Column("thresholds", JSON, nullable=False),
+    Column("version", String(32), nullable=False),
+    Index("ix_audit_runs_window", "window_start_ms", "window_end_ms", "shard", unique=True),
+)
+
+audit_results = Table(
+    "audit_results",
+    metadata,
+    Column("run_id", Integer, ForeignKey("audit_runs.id", ondelete="CASCADE"), nullable=False),
+    Column("gpu_id", Integer, ForeignKey("gpus.id", ondelete="CASCADE"), nullable=False),
+    Column("pod_uid", String(64), nullable=True),
+    Column("category", String(32), nullable=False),
+    Column("seconds", Float, nullable=False),
+    Column("inferred", Boolean, nullable=False),
+    Index("ix_audit_results_run", "run_id"),
+)
+"""GPU-seconds per (run, card, pod or none, category); pod attributes are joined on read."""
+
+audit_findings = Table(
+    "audit_findings",
+    metadata,
+    Column("run_id", Integer, ForeignKey("audit_runs.id", ondelete="CASCADE"), nullable=False),
+    Column("kind", String(32), nullable=False),
+    Column("gang", String(600), nullable=True),
+    Column("gpu_id", Integer, ForeignKey("gpus.id", ondelete="CASCADE"), nullable=True),
+    Column("pod_uid", String(64), nullable=True),
+    Column("start_ms", BigInteger, nullable=True),
+    Column("end_ms", BigInteger, nullable=True),
+    Column("seconds", Float, nullable=False),
+    Column("detail", Text, nullable=True),
+    Index("ix_audit_findings_run", "run_id"),
+)
+"""What a report names: startup/teardown/checkpoint episodes, and each gang's straggler."""
