@@ -57,8 +57,9 @@ class Thresholds:
         clean: dict[str, Any] = {}
         for key, value in values.items():
             if key not in known:
-                raise ConfigError(f"unknown threshold (known: {', '.join(known)})", file=source,
-                                  field=key)
+                raise ConfigError(
+                    f"unknown threshold (known: {', '.join(known)})", file=source, field=key
+                )
             want = int if known[key].type in ("int", int) else float
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise ConfigError(f"must be a number, not {value!r}", file=source, field=key)
@@ -118,11 +119,10 @@ def load_config(path: Path | None) -> Config:
         if key not in known_team_keys:
             raise ConfigError("unknown key in [teams]", file=name, field=f"teams.{key}")
     namespaces = teams_raw.get("namespaces", {})
-    if not isinstance(namespaces, dict) or not all(
-        isinstance(v, str) for v in namespaces.values()
-    ):
-        raise ConfigError("must be a table of namespace = team", file=name,
-                          field="teams.namespaces")
+    if not isinstance(namespaces, dict) or not all(isinstance(v, str) for v in namespaces.values()):
+        raise ConfigError(
+            "must be a table of namespace = team", file=name, field="teams.namespaces"
+        )
     teams = TeamRules(
         label=str(teams_raw.get("label", "team")),
         annotation=str(teams_raw.get("annotation", "team")),

@@ -1,4 +1,4 @@
-"""Engines for a database URL: SQLite (WAL, busy timeout, foreign keys) or PostgreSQL (psycopg 3)."""
+"""Engines for a database URL: SQLite (WAL, busy timeout, foreign keys) or PostgreSQL."""
 
 from __future__ import annotations
 

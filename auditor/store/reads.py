@@ -1,0 +1,230 @@
+"""Reads into DataFrames with explicit dtypes: the classifier and reports never see SQL."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pandas as pd
+from sqlalchemy import Connection, Select, and_, func, select
+
+from auditor.store.schema import (
+    audit_findings,
+    audit_results,
+    audit_runs,
+    gpu_assignments,
+    gpu_samples,
+    gpus,
+    pods,
+)
+
+
+def _frame(conn: Connection, stmt: Select[Any], columns: Sequence[str]) -> pd.DataFrame:
+    rows = conn.execute(stmt).all()
+    return pd.DataFrame.from_records(rows, columns=list(columns))
+
+
+def read_gpus(conn: Connection) -> pd.DataFrame:
+    cols = ["id", "uuid", "node", "gpu_index", "model", "memory_total_mib", "parent_uuid"]
+    df = _frame(conn, select(*(gpus.c[c] for c in cols)).order_by(gpus.c.id), cols)
+    df["gpu_index"] = df["gpu_index"].astype("Int64")
+    return df
+
+
+POD_COLUMNS = [
+    "uid",
+    "namespace",
+    "name",
+    "node",
+    "team",
+    "job",
+    "job_kind",
+    "workload",
+    "gang",
+    "rank",
+    "gpu_count",
+    "gpu_resource",
+    "created_ms",
+    "bound_ms",
+    "started_ms",
+    "finished_ms",
+    "deleted_ms",
+]
+
+
+def read_pods(conn: Connection) -> pd.DataFrame:
+    df = _frame(conn, select(*(pods.c[c] for c in POD_COLUMNS)).order_by(pods.c.uid), POD_COLUMNS)
+    for c in (
+        "rank",
+        "gpu_count",
+        "created_ms",
+        "bound_ms",
+        "started_ms",
+        "finished_ms",
+        "deleted_ms",
+    ):
+        df[c] = df[c].astype("Int64")
+    return df
+
+
+def read_assignments(conn: Connection) -> pd.DataFrame:
+    stmt = select(gpu_assignments.c.pod_uid, gpus.c.uuid).join(
+        gpus, gpus.c.id == gpu_assignments.c.gpu_id
+    )
+    return _frame(conn, stmt, ["pod_uid", "gpu_uuid"])
+
+
+def read_samples(
+    conn: Connection, *, start_ms: int, end_ms: int, gpu_ids: Sequence[int] | None = None
+) -> pd.DataFrame:
+    """Samples with `start_ms <= ts < end_ms`, as gpu (UUID), ts_ms, util, throttle_reasons."""
+    cond = and_(gpu_samples.c.ts_ms >= start_ms, gpu_samples.c.ts_ms < end_ms)
+    if gpu_ids is not None:
+        cond = and_(cond, gpu_samples.c.gpu_id.in_(list(gpu_ids)))
+    stmt = (
+        select(gpus.c.uuid, gpu_samples.c.ts_ms, gpu_samples.c.util, gpu_samples.c.throttle_reasons)
+        .join(gpus, gpus.c.id == gpu_samples.c.gpu_id)
+        .where(cond)
+    )
+    df = _frame(conn, stmt, ["gpu", "ts_ms", "util", "throttle_reasons"])
+    df["ts_ms"] = df["ts_ms"].astype("int64")
+    df["util"] = pd.to_numeric(df["util"], errors="coerce").astype("float64")
+    return df
+
+
+def sample_span(conn: Connection) -> tuple[int, int] | None:
+    """The first and last sample time stored, or None for an empty store."""
+    lo, hi = conn.execute(
+        select(func.min(gpu_samples.c.ts_ms), func.max(gpu_samples.c.ts_ms))
+    ).one()
+    if lo is None:
+        return None
+    return int(lo), int(hi)
+
+
+def count_rows(conn: Connection) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for t in (gpus, gpu_samples, pods, gpu_assignments, audit_runs, audit_results):
+        out[t.name] = int(conn.execute(select(func.count()).select_from(t)).scalar_one())
+    return out
+
+
+def runs_in_window(conn: Connection, *, start_ms: int | None, end_ms: int | None) -> pd.DataFrame:
+    """Audit runs inside [start, end); without bounds, the runs of the latest audited window."""
+    cols = [
+        "id",
+        "window_start_ms",
+        "window_end_ms",
+        "shard",
+        "created_ms",
+        "thresholds",
+        "version",
+    ]
+    stmt = select(*(audit_runs.c[c] for c in cols))
+    if start_ms is None or end_ms is None:
+        latest = conn.execute(
+            select(audit_runs.c.window_start_ms, audit_runs.c.window_end_ms)
+            .order_by(audit_runs.c.created_ms.desc(), audit_runs.c.id.desc())
+            .limit(1)
+        ).first()
+        if latest is None:
+            return pd.DataFrame(columns=cols)
+        stmt = stmt.where(
+            audit_runs.c.window_start_ms == latest[0], audit_runs.c.window_end_ms == latest[1]
+        )
+    else:
+        stmt = stmt.where(
+            audit_runs.c.window_start_ms >= start_ms, audit_runs.c.window_end_ms <= end_ms
+        )
+    return _frame(conn, stmt.order_by(audit_runs.c.window_start_ms, audit_runs.c.shard), cols)
+
+
+def read_results(conn: Connection, run_ids: Sequence[int]) -> pd.DataFrame:
+    """Results of runs joined with the card's node/model and the pod's attributes."""
+    stmt = (
+        select(
+            audit_results.c.run_id,
+            gpus.c.uuid.label("gpu"),
+            gpus.c.node,
+            gpus.c.model.label("gpu_model"),
+            audit_results.c.pod_uid,
+            audit_results.c.category,
+            audit_results.c.seconds,
+            audit_results.c.inferred,
+            pods.c.namespace,
+            pods.c.name.label("pod"),
+            pods.c.team,
+            pods.c.job,
+            pods.c.job_kind,
+            pods.c.workload,
+            pods.c.rank,
+            pods.c.gang,
+        )
+        .join(gpus, gpus.c.id == audit_results.c.gpu_id)
+        .outerjoin(pods, pods.c.uid == audit_results.c.pod_uid)
+        .where(audit_results.c.run_id.in_(list(run_ids)))
+    )
+    cols = [
+        "run_id",
+        "gpu",
+        "node",
+        "gpu_model",
+        "pod_uid",
+        "category",
+        "seconds",
+        "inferred",
+        "namespace",
+        "pod",
+        "team",
+        "job",
+        "job_kind",
+        "workload",
+        "rank",
+        "gang",
+    ]
+    df = _frame(conn, stmt, cols)
+    df["seconds"] = df["seconds"].astype("float64")
+    df["inferred"] = df["inferred"].astype(bool)
+    df["rank"] = df["rank"].astype("Int64")
+    return df
+
+
+def read_findings(conn: Connection, run_ids: Sequence[int]) -> pd.DataFrame:
+    stmt = (
+        select(
+            audit_findings.c.kind,
+            audit_findings.c.gang,
+            gpus.c.uuid.label("gpu"),
+            gpus.c.node,
+            audit_findings.c.pod_uid,
+            pods.c.namespace,
+            pods.c.name.label("pod"),
+            pods.c.rank,
+            pods.c.job,
+            pods.c.team,
+            audit_findings.c.start_ms,
+            audit_findings.c.end_ms,
+            audit_findings.c.seconds,
+            audit_findings.c.detail,
+        )
+        .outerjoin(gpus, gpus.c.id == audit_findings.c.gpu_id)
+        .outerjoin(pods, pods.c.uid == audit_findings.c.pod_uid)
+        .where(audit_findings.c.run_id.in_(list(run_ids)))
+    )
+    cols = [
+        "kind",
+        "gang",
+        "gpu",
+        "node",
+        "pod_uid",
+        "namespace",
+        "pod",
+        "rank",
+        "job",
+        "team",
+        "start_ms",
+        "end_ms",
+        "seconds",
+        "detail",
+    ]
+    return _frame(conn, stmt, cols)

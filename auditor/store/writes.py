@@ -1,0 +1,263 @@
+"""Idempotent writes. Natural keys (GPU UUID; GPU + timestamp; pod UID) make a replay harmless.
+
+Every function takes an open connection inside the caller's transaction, so one import is
+one transaction and a failure leaves the database as it was.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from sqlalchemy import Connection, Table, delete, func, insert, select
+from sqlalchemy.dialects import postgresql, sqlite
+
+from auditor.model import GpuRecord, GpuSample, PodRecord
+from auditor.store.schema import (
+    audit_findings,
+    audit_results,
+    audit_runs,
+    gpu_assignments,
+    gpu_samples,
+    gpus,
+    pods,
+)
+
+SAMPLE_COLUMNS = (
+    "util",
+    "memory_used_mib",
+    "memory_total_mib",
+    "power_w",
+    "sm_clock_mhz",
+    "throttle_reasons",
+    "temperature_c",
+    "sm_active",
+    "tensor_active",
+    "dram_active",
+)
+
+
+def _upsert(conn: Connection, table: Table) -> Any:
+    """The dialect's INSERT that knows ON CONFLICT (SQLite and PostgreSQL both do)."""
+    if conn.dialect.name == "postgresql":
+        return postgresql.insert(table)
+    return sqlite.insert(table)
+
+
+def upsert_gpus(conn: Connection, records: Iterable[GpuRecord]) -> dict[str, int]:
+    """Insert unknown GPUs, fill in attributes a later source knows; return uuid -> id."""
+    latest: dict[str, GpuRecord] = {}
+    for rec in records:
+        latest[rec.uuid] = rec
+    if not latest:
+        return {}
+    stmt = _upsert(conn, gpus)
+    stmt = stmt.on_conflict_do_update(
+        index_elements=[gpus.c.uuid],
+        set_={
+            "node": stmt.excluded.node,
+            "gpu_index": func.coalesce(stmt.excluded.gpu_index, gpus.c.gpu_index),
+            "model": func.coalesce(stmt.excluded.model, gpus.c.model),
+            "memory_total_mib": func.coalesce(
+                stmt.excluded.memory_total_mib, gpus.c.memory_total_mib
+            ),
+            "parent_uuid": func.coalesce(stmt.excluded.parent_uuid, gpus.c.parent_uuid),
+        },
+    )
+    conn.execute(
+        stmt,
+        [
+            {
+                "uuid": r.uuid,
+                "node": r.node,
+                "gpu_index": r.index,
+                "model": r.model,
+                "memory_total_mib": r.memory_total_mib,
+                "parent_uuid": r.parent_uuid,
+            }
+            for r in latest.values()
+        ],
+    )
+    rows = conn.execute(select(gpus.c.uuid, gpus.c.id).where(gpus.c.uuid.in_(list(latest))))
+    return {uuid: gpu_id for uuid, gpu_id in rows}
+
+
+def insert_samples(
+    conn: Connection, samples: Sequence[GpuSample], gpu_ids: Mapping[str, int]
+) -> int:
+    """Insert samples, skipping any (GPU, timestamp) already stored. Returns rows offered."""
+    if not samples:
+        return 0
+    stmt = _upsert(conn, gpu_samples).on_conflict_do_nothing(
+        index_elements=[gpu_samples.c.gpu_id, gpu_samples.c.ts_ms]
+    )
+    conn.execute(
+        stmt,
+        [
+            {
+                "gpu_id": gpu_ids[s.gpu_uuid],
+                "ts_ms": s.ts_ms,
+                **{c: getattr(s, c) for c in SAMPLE_COLUMNS},
+            }
+            for s in samples
+        ],
+    )
+    return len(samples)
+
+
+def _merge_pod(old: PodRecord | None, new: PodRecord) -> PodRecord:
+    """Later observations win for state; times are filled in, never erased."""
+    if old is None:
+        return new
+    def pick(name: str) -> Any:
+        value = getattr(new, name)
+        return value if value is not None else getattr(old, name)
+
+    return replace(
+        new,
+        node=pick("node"),
+        created_ms=pick("created_ms"),
+        bound_ms=pick("bound_ms"),
+        started_ms=pick("started_ms"),
+        finished_ms=pick("finished_ms"),
+        deleted_ms=pick("deleted_ms"),
+        rank=pick("rank"),
+    )
+
+
+_TIME_COLUMNS = ("created_ms", "bound_ms", "started_ms", "finished_ms", "deleted_ms")
+
+
+def upsert_pods(conn: Connection, records: Iterable[PodRecord]) -> int:
+    """Merge pod observations into the store by UID. Returns the number of distinct pods."""
+    merged: dict[str, PodRecord] = {}
+    for rec in records:
+        merged[rec.uid] = _merge_pod(merged.get(rec.uid), rec)
+    if not merged:
+        return 0
+    stmt = _upsert(conn, pods)
+    keep_old = {
+        c: func.coalesce(stmt.excluded[c], pods.c[c]) for c in (*_TIME_COLUMNS, "node", "rank")
+    }
+    replace_cols = (
+        "namespace",
+        "name",
+        "team",
+        "job",
+        "job_kind",
+        "workload",
+        "gang",
+        "gpu_count",
+        "gpu_resource",
+        "phase",
+        "resource_version",
+        "labels",
+        "annotations",
+    )
+    stmt = stmt.on_conflict_do_update(
+        index_elements=[pods.c.uid],
+        set_={**keep_old, **{c: stmt.excluded[c] for c in replace_cols}},
+    )
+    conn.execute(stmt, [pod_row(r) for r in merged.values()])
+    return len(merged)
+
+
+def pod_row(rec: PodRecord) -> dict[str, Any]:
+    return {
+        "uid": rec.uid,
+        "namespace": rec.namespace,
+        "name": rec.name,
+        "node": rec.node,
+        "team": rec.team,
+        "job": rec.job,
+        "job_kind": rec.job_kind,
+        "workload": str(rec.workload),
+        "gang": rec.gang,
+        "rank": rec.rank,
+        "gpu_count": rec.gpu_count,
+        "gpu_resource": rec.gpu_resource,
+        "created_ms": rec.created_ms,
+        "bound_ms": rec.bound_ms,
+        "started_ms": rec.started_ms,
+        "finished_ms": rec.finished_ms,
+        "deleted_ms": rec.deleted_ms,
+        "phase": rec.phase,
+        "resource_version": rec.resource_version,
+        "labels": dict(rec.labels),
+        "annotations": dict(rec.annotations),
+    }
+
+
+def upsert_assignments(
+    conn: Connection, seen: Iterable[tuple[str, int, int]], *, source: str
+) -> None:
+    """Record exact GPU -> pod observations as (pod_uid, gpu_id, ts_ms), widening the span."""
+    spans: dict[tuple[str, int], tuple[int, int]] = {}
+    for pod_uid, gpu_id, ts in seen:
+        lo, hi = spans.get((pod_uid, gpu_id), (ts, ts))
+        spans[(pod_uid, gpu_id)] = (min(lo, ts), max(hi, ts))
+    if not spans:
+        return
+    stmt = _upsert(conn, gpu_assignments)
+    stmt = stmt.on_conflict_do_update(
+        index_elements=[gpu_assignments.c.pod_uid, gpu_assignments.c.gpu_id],
+        set_={
+            "first_seen_ms": func.min(stmt.excluded.first_seen_ms, gpu_assignments.c.first_seen_ms)
+            if conn.dialect.name == "sqlite"
+            else func.least(stmt.excluded.first_seen_ms, gpu_assignments.c.first_seen_ms),
+            "last_seen_ms": func.max(stmt.excluded.last_seen_ms, gpu_assignments.c.last_seen_ms)
+            if conn.dialect.name == "sqlite"
+            else func.greatest(stmt.excluded.last_seen_ms, gpu_assignments.c.last_seen_ms),
+        },
+    )
+    conn.execute(
+        stmt,
+        [
+            {"pod_uid": p, "gpu_id": g, "first_seen_ms": lo, "last_seen_ms": hi, "source": source}
+            for (p, g), (lo, hi) in spans.items()
+        ],
+    )
+
+
+def replace_audit_run(
+    conn: Connection,
+    *,
+    window: tuple[int, int],
+    shard: str,
+    created_ms: int,
+    thresholds: Mapping[str, Any],
+    version: str,
+    results: Iterable[Mapping[str, Any]],
+    findings: Iterable[Mapping[str, Any]],
+) -> int:
+    """Store one audit run, replacing an earlier run of the same window and shard."""
+    old = select(audit_runs.c.id).where(
+        audit_runs.c.window_start_ms == window[0],
+        audit_runs.c.window_end_ms == window[1],
+        audit_runs.c.shard == shard,
+    )
+    old_ids = [r for (r,) in conn.execute(old)]
+    if old_ids:
+        conn.execute(delete(audit_results).where(audit_results.c.run_id.in_(old_ids)))
+        conn.execute(delete(audit_findings).where(audit_findings.c.run_id.in_(old_ids)))
+        conn.execute(delete(audit_runs).where(audit_runs.c.id.in_(old_ids)))
+    run_id = conn.execute(
+        insert(audit_runs).returning(audit_runs.c.id),
+        {
+            "window_start_ms": window[0],
+            "window_end_ms": window[1],
+            "shard": shard,
+            "created_ms": created_ms,
+            "thresholds": json.loads(json.dumps(dict(thresholds))),
+            "version": version,
+        },
+    ).scalar_one()
+    result_rows = [{"run_id": run_id, **r} for r in results]
+    if result_rows:
+        conn.execute(insert(audit_results), result_rows)
+    finding_rows = [{"run_id": run_id, **f} for f in findings]
+    if finding_rows:
+        conn.execute(insert(audit_findings), finding_rows)
+    return int(run_id)
