@@ -1,0 +1,413 @@
+"""The command line: parse, call one function of `auditor.jobs`, render; errors become one line.
+
+Heavy libraries (pandas, sqlalchemy, kubernetes, pynvml) are imported inside the commands,
+so `auditor --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta, tzinfo
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from auditor import __version__
+from auditor.errors import AuditorError, InputError
+from auditor.settings import CONFIG_ENV, DB_URL_ENV, Config, default_db_url, load_config
+
+app = typer.Typer(
+    name="auditor",
+    help="Split every GPU-second of a Kubernetes GPU cluster into causes, per team and job.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+import_app = typer.Typer(
+    help="Import GPU samples and pod records from files.", no_args_is_help=True
+)
+db_app = typer.Typer(help="Manage the database schema (Alembic migrations).", no_args_is_help=True)
+app.add_typer(import_app, name="import")
+app.add_typer(db_app, name="db")
+
+
+class State:
+    db_url: str = ""
+    config_path: Path | None = None
+
+    def config(self) -> Config:
+        return load_config(self.config_path)
+
+
+state = State()
+
+
+@contextmanager
+def user_errors() -> Iterator[None]:
+    """Foreseeable errors become one line on stderr and their exit code; no traceback."""
+    try:
+        yield
+    except AuditorError as e:
+        typer.echo(f"auditor: error: {e}", err=True)
+        raise typer.Exit(e.exit_code) from None
+    except KeyboardInterrupt:
+        typer.echo("auditor: interrupted", err=True)
+        raise typer.Exit(130) from None
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"auditor {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    db: Annotated[
+        str | None,
+        typer.Option(
+            "--db",
+            envvar=DB_URL_ENV,
+            show_envvar=True,
+            help="Database URL (sqlite:///FILE or postgresql://...). "
+            "Default: auditor.db in the working directory.",
+        ),
+    ] = None,
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            "--config",
+            envvar=CONFIG_ENV,
+            show_envvar=True,
+            help="TOML config file (thresholds, team rules).",
+        ),
+    ] = None,
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")
+    ] = False,
+) -> None:
+    """GPU scheduling-waste auditor."""
+    state.db_url = db or default_db_url()
+    state.config_path = config
+
+
+# ---------------------------------------------------------------- parsing helpers
+
+
+def parse_time(text: str, *, option: str) -> int:
+    """ISO 8601 date or date-time; without a zone it is UTC. Returns epoch milliseconds."""
+    try:
+        moment = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise InputError(f"not an ISO 8601 time: {text!r}", field=option) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return int(moment.timestamp() * 1000)
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_duration(text: str, *, option: str) -> timedelta:
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*", text)
+    if not m:
+        raise InputError(f"not a duration like 30m, 12h, 7d: {text!r}", field=option)
+    return timedelta(seconds=float(m.group(1)) * _UNITS[m.group(2)])
+
+
+def parse_window(start: str | None, end: str | None, since: str | None) -> tuple[int, int] | None:
+    if since is not None:
+        if start is not None:
+            raise InputError("give --since or --start, not both", field="--since")
+        end_ms = (
+            parse_time(end, option="--end") if end else int(datetime.now(UTC).timestamp() * 1000)
+        )
+        return end_ms - int(parse_duration(since, option="--since").total_seconds() * 1000), end_ms
+    if start is None and end is None:
+        return None
+    if start is None or end is None:
+        raise InputError(
+            "give both --start and --end (or --since)",
+            field="--start" if start is None else "--end",
+        )
+    return parse_time(start, option="--start"), parse_time(end, option="--end")
+
+
+def parse_tz(name: str | None) -> tzinfo | None:
+    if name is None:
+        return None
+    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise InputError(f"unknown time zone {name!r}", field="--tz") from None
+
+
+@contextmanager
+def file_progress(path: Path, label: str) -> Iterator[Callable[[int], None] | None]:
+    """A rich progress bar over a file's bytes on a terminal; nothing otherwise."""
+    if not sys.stderr.isatty():
+        yield None
+        return
+    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
+
+    try:
+        total = path.stat().st_size
+    except OSError:
+        total = None
+    with Progress(
+        f"[bold]{label}", BarColumn(), DownloadColumn(), TimeRemainingColumn(), transient=True
+    ) as bar:
+        task = bar.add_task(label, total=total)
+        yield lambda n: bar.update(task, completed=n)
+
+
+# ---------------------------------------------------------------- import
+
+
+@import_app.command("nvidia-smi")
+def import_nvidia_smi(
+    file: Annotated[Path, typer.Argument(help="Output of nvidia-smi --query-gpu=... --format=csv")],
+    node: Annotated[str, typer.Option("--node", help="Node the file was captured on.")],
+    tz: Annotated[
+        str | None,
+        typer.Option(
+            "--tz", help="The node's time zone (nvidia-smi prints local time). Default UTC."
+        ),
+    ] = None,
+    ignore_unknown_columns: Annotated[
+        bool,
+        typer.Option("--ignore-unknown-columns", help="Skip columns this version does not know."),
+    ] = False,
+) -> None:
+    """Import GPU samples from an nvidia-smi CSV (any field order, with or without units)."""
+    from auditor import jobs
+
+    with user_errors(), file_progress(file, file.name) as progress:
+        stats = jobs.import_nvidia_smi(
+            state.db_url,
+            file,
+            node=node,
+            tz=parse_tz(tz),
+            ignore_unknown_columns=ignore_unknown_columns,
+            progress=progress,
+        )
+    typer.echo(
+        f"imported {stats.rows} samples of {stats.gpus} GPUs from {file} in {stats.seconds:.1f}s"
+    )
+
+
+@import_app.command("pods")
+def import_pods(
+    file: Annotated[
+        Path, typer.Argument(help="kubectl get pods -A -o json [--watch --output-watch-events]")
+    ],
+) -> None:
+    """Import pods that request GPUs from a kubectl JSON list or watch stream."""
+    from auditor import jobs
+
+    with user_errors(), file_progress(file, file.name) as progress:
+        stats = jobs.import_pods(state.db_url, file, config=state.config(), progress=progress)
+    typer.echo(f"imported {stats.rows} GPU pod records from {file} in {stats.seconds:.1f}s")
+
+
+# ---------------------------------------------------------------- db
+
+
+@db_app.command("upgrade")
+def db_upgrade(
+    revision: Annotated[str, typer.Option("--revision", help="Target revision.")] = "head",
+) -> None:
+    """Apply migrations up to REVISION (default head)."""
+    from auditor.store import migrate
+    from auditor.store.engine import make_engine
+
+    with user_errors():
+        engine = make_engine(state.db_url)
+        try:
+            migrate.upgrade(engine, revision=revision)
+            now = migrate.current(engine)
+        except AuditorError:
+            raise
+        except Exception as e:
+            from auditor.jobs import raise_store_error
+
+            raise_store_error(state.db_url, e)
+    typer.echo(f"database at revision {now}")
+
+
+@db_app.command("current")
+def db_current() -> None:
+    """Print the database's schema revision and the one this auditor needs."""
+    from auditor.store import migrate
+    from auditor.store.engine import make_engine
+
+    with user_errors():
+        engine = make_engine(state.db_url)
+        try:
+            now = migrate.current(engine)
+        except Exception as e:
+            from auditor.jobs import raise_store_error
+
+            raise_store_error(state.db_url, e)
+    typer.echo(f"current: {now or '(empty)'}")
+    typer.echo(f"head:    {migrate.head()}")
+
+
+# ---------------------------------------------------------------- audit and report
+
+
+def _thresholds(config: Config, overrides: list[str]) -> Config:
+    from dataclasses import replace
+
+    values: dict[str, float] = {}
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep:
+            raise InputError(f"expected KEY=VALUE, got {item!r}", field="--threshold")
+        try:
+            values[key.strip()] = float(raw)
+        except ValueError:
+            raise InputError(f"not a number: {raw!r}", field=f"--threshold {key}") from None
+    return replace(config, thresholds=config.thresholds.updated(values, source="--threshold"))
+
+
+@app.command()
+def audit(
+    start: Annotated[
+        str | None, typer.Option("--start", help="Window start (ISO 8601, UTC).")
+    ] = None,
+    end: Annotated[str | None, typer.Option("--end", help="Window end (ISO 8601, UTC).")] = None,
+    since: Annotated[
+        str | None,
+        typer.Option("--since", help="Window of this length ending now (or at --end): 7d, 12h."),
+    ] = None,
+    threshold: Annotated[
+        list[str],
+        typer.Option(
+            "--threshold", help="Override a classifier threshold: KEY=VALUE (repeatable)."
+        ),
+    ] = [],  # noqa: B006 - typer reads the default, never mutates it
+) -> None:
+    """Classify every GPU-second of a window and store the run (re-running replaces it).
+
+    Without a window, audits all stored samples."""
+    from auditor import jobs
+
+    with user_errors():
+        config = _thresholds(state.config(), threshold)
+        stats = jobs.audit(
+            state.db_url, window=parse_window(start, end, since), thresholds=config.thresholds
+        )
+    typer.echo(
+        f"audit run {stats.run_id}: {stats.gpus} GPUs, {stats.samples} samples, "
+        f"{stats.tenures} tenures in {stats.seconds:.1f}s"
+    )
+
+
+class Format(StrEnum):
+    TABLE = "table"
+    JSON = "json"
+    CSV = "csv"
+
+
+class By(StrEnum):
+    TEAM = "team"
+    NAMESPACE = "namespace"
+    JOB = "job"
+    POD = "pod"
+    NODE = "node"
+    GPU = "gpu"
+
+
+@app.command()
+def report(
+    by: Annotated[By, typer.Option("--by", help="Grouping of the rows.")] = By.TEAM,
+    team: Annotated[str | None, typer.Option("--team", help="Only this team's rows.")] = None,
+    fmt: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.TABLE,
+    start: Annotated[
+        str | None, typer.Option("--start", help="Window start (default: latest audit).")
+    ] = None,
+    end: Annotated[str | None, typer.Option("--end", help="Window end.")] = None,
+    out: Annotated[
+        Path | None, typer.Option("--out", help="Write to this file instead of stdout.")
+    ] = None,
+) -> None:
+    """GPU-hours per category and group, shares, utilisation spread, top offenders."""
+    from auditor import jobs
+    from auditor.report.render import render_csv, render_json, render_table
+    from auditor.report.summary import GroupBy
+
+    with user_errors():
+        window = parse_window(start, end, None)
+        rep = jobs.build_report(
+            state.db_url,
+            start_ms=window[0] if window else None,
+            end_ms=window[1] if window else None,
+            by=GroupBy(by.value),
+            team=team,
+        )
+        text = {Format.TABLE: render_table, Format.JSON: render_json, Format.CSV: render_csv}[fmt](
+            rep
+        )
+        if out is not None:
+            try:
+                out.write_text(text, encoding="utf-8")
+            except OSError as e:
+                raise InputError(f"cannot write: {e.strerror}", file=str(out)) from e
+            return
+    typer.echo(text, nl=False)
+
+
+# ---------------------------------------------------------------- simulate and demo
+
+
+@app.command()
+def simulate(
+    out: Annotated[Path, typer.Argument(help="Directory to write the scenario's files into.")],
+    scenario: Annotated[
+        str, typer.Option("--scenario", help="Preset: demo, small or large.")
+    ] = "demo",
+    seed: Annotated[int | None, typer.Option("--seed", help="Override the preset's seed.")] = None,
+) -> None:
+    """Write a simulated cluster as real input files, with its ground truth.
+
+    One nvidia-smi CSV per node, a kubectl pod list, and truth.csv per team and category."""
+    from auditor import jobs
+
+    with user_errors():
+        result = jobs.simulate(out, scenario=scenario, seed=seed)
+    typer.echo(f"wrote scenario {scenario!r} to {out} ({result.summary})")
+
+
+@app.command()
+def demo(
+    keep: Annotated[
+        Path | None, typer.Option("--keep", help="Keep the files and database here.")
+    ] = None,
+    scenario: Annotated[str, typer.Option("--scenario", help="Simulator preset.")] = "demo",
+) -> None:
+    """Simulate a cluster, import it, audit it and report, on a throwaway SQLite database."""
+    from auditor import jobs
+
+    with user_errors():
+        if keep is not None:
+            keep.mkdir(parents=True, exist_ok=True)
+            text = jobs.demo(keep, scenario=scenario, log=lambda m: typer.echo(m, err=True))
+        else:
+            with tempfile.TemporaryDirectory(prefix="auditor-demo-") as tmp:
+                text = jobs.demo(
+                    Path(tmp), scenario=scenario, log=lambda m: typer.echo(m, err=True)
+                )
+    typer.echo(text, nl=False)
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,383 @@
+"""The programmatic API: one function per command, and the only place that wires parts together.
+
+Each function opens the store, calls the pure parts, and writes or returns the outcome. The
+CLI is one caller; tests and the in-cluster jobs are others.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import tzinfo
+from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
+
+from auditor import __version__
+from auditor.errors import AuditorError, InputError
+from auditor.settings import Config, Thresholds
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from sqlalchemy import Engine
+
+    from auditor.report.render import Report
+    from auditor.report.summary import GroupBy
+
+Progress = Callable[[int], None]
+T = TypeVar("T")
+BATCH_ROWS = 5_000
+
+
+@dataclass(frozen=True)
+class ImportStats:
+    file: str
+    rows: int
+    gpus: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class AuditStats:
+    run_id: int
+    window: tuple[int, int]
+    gpus: int
+    samples: int
+    tenures: int
+    seconds: float
+
+
+def open_store(url: str) -> Engine:
+    """An engine at the current schema. A new SQLite file is created and migrated on the spot;
+    any other database must have been migrated with `auditor db upgrade`."""
+    from sqlalchemy import inspect
+
+    from auditor.store import migrate
+    from auditor.store.engine import is_sqlite, make_engine
+
+    engine = make_engine(url)
+    try:
+        if is_sqlite(engine) and not inspect(engine).get_table_names():
+            migrate.upgrade(engine)
+        migrate.ensure_current(engine)
+    except AuditorError:
+        raise
+    except Exception as e:  # connection refused, bad credentials, locked file...
+        raise_store_error(url, e)
+    return engine
+
+
+def raise_store_error(url: str, e: Exception) -> None:
+    from sqlalchemy.engine import make_url
+
+    from auditor.errors import StoreError
+
+    try:
+        safe = make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        safe = "the database"
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    raise StoreError(f"cannot use {safe}: {first}") from e
+
+
+def _batched(items: Iterator[T], size: int) -> Iterator[list[T]]:
+    batch: list[T] = []
+    for item in items:
+        batch.append(item)
+        if len(batch) >= size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def import_nvidia_smi(
+    url: str,
+    path: Path,
+    *,
+    node: str,
+    tz: tzinfo | None = None,
+    ignore_unknown_columns: bool = False,
+    progress: Progress | None = None,
+) -> ImportStats:
+    """Import one nvidia-smi CSV in one transaction: all of it, or nothing on bad input."""
+    from datetime import UTC
+
+    from auditor.collect.nvidia_smi import read_nvidia_smi
+    from auditor.model import GpuRecord
+    from auditor.store.writes import insert_samples, upsert_gpus
+
+    started = time.perf_counter()
+    engine = open_store(url)
+    rows = 0
+    known: dict[str, GpuRecord] = {}
+    ids: dict[str, int] = {}
+    with engine.begin() as conn:
+        pairs = read_nvidia_smi(
+            path,
+            node=node,
+            tz=tz or UTC,
+            ignore_unknown_columns=ignore_unknown_columns,
+            on_progress=progress,
+        )
+        for batch in _batched(pairs, BATCH_ROWS):
+            new = [g for g, _ in batch if known.get(g.uuid) != g]
+            if new:
+                ids.update(upsert_gpus(conn, new))
+                known.update((g.uuid, g) for g in new)
+            rows += insert_samples(conn, [s for _, s in batch], ids)
+        if rows == 0:
+            raise InputError("no samples in file", file=str(path))
+    return ImportStats(str(path), rows, len(ids), time.perf_counter() - started)
+
+
+def import_pods(
+    url: str, path: Path, *, config: Config, progress: Progress | None = None
+) -> ImportStats:
+    """Import a kubectl pod list or watch stream in one transaction."""
+    from auditor.collect.kubectl_json import read_kubectl_pods
+    from auditor.store.writes import upsert_pods
+
+    started = time.perf_counter()
+    engine = open_store(url)
+    rows = 0
+    with engine.begin() as conn:
+        records = read_kubectl_pods(path, teams=config.teams, on_progress=progress)
+        for batch in _batched(records, BATCH_ROWS):
+            upsert_pods(conn, batch)
+            rows += len(batch)
+    return ImportStats(str(path), rows, 0, time.perf_counter() - started)
+
+
+def data_window(url: str, *, period_s: float) -> tuple[int, int]:
+    """The span of all stored samples, for an audit given no window."""
+    from auditor.store.reads import sample_span
+
+    engine = open_store(url)
+    with engine.connect() as conn:
+        span = sample_span(conn)
+    if span is None:
+        raise InputError("no GPU samples stored yet: import some first", field="window")
+    return span[0], span[1] + int(period_s * 1000)
+
+
+def audit(
+    url: str,
+    *,
+    window: tuple[int, int] | None,
+    thresholds: Thresholds,
+    now_ms: int | None = None,
+) -> AuditStats:
+    """Classify a window and store it as an audit run, replacing a run of the same window."""
+    from auditor.classify.engine import Window, classify
+    from auditor.classify.tenures import build_tenures
+    from auditor.store import reads
+    from auditor.store.writes import replace_audit_run
+
+    started = time.perf_counter()
+    if window is None:
+        window = data_window(url, period_s=thresholds.default_period_s)
+    start_ms, end_ms = window
+    if end_ms <= start_ms:
+        raise InputError("the audit window ends before it starts", field="--end")
+    engine = open_store(url)
+    with engine.connect() as conn:
+        gpus = reads.read_gpus(conn)
+        pods = reads.read_pods(conn)
+        assignments = reads.read_assignments(conn)
+        tenures = build_tenures(
+            pods, gpus.rename(columns={"id": "gpu_id"}), assignments, now_ms=end_ms
+        )
+        overlapping = tenures[(tenures["start_ms"] < end_ms) & (tenures["end_ms"] > start_ms)]
+        lo = min(start_ms, int(overlapping["start_ms"].min())) if len(overlapping) else start_ms
+        hi = max(end_ms, int(overlapping["end_ms"].max())) if len(overlapping) else end_ms
+        samples = reads.read_samples(conn, start_ms=lo, end_ms=hi)
+    result = classify(samples, tenures, window=Window(start_ms, end_ms), thresholds=thresholds)
+    gpu_ids = dict(zip(gpus["uuid"], gpus["id"], strict=True))
+    inferred = {
+        (g, p): bool(i)
+        for g, p, i in zip(tenures["gpu"], tenures["pod_uid"], tenures["inferred"], strict=True)
+    }
+    res = result.results
+    result_rows = [
+        {
+            "gpu_id": int(gpu_ids[g]),
+            "pod_uid": p,
+            "category": c,
+            "seconds": float(s),
+            "inferred": inferred.get((g, p), False) if p is not None else False,
+        }
+        for g, p, c, s in zip(
+            res["gpu"], _none(res["pod_uid"]), res["category"], res["seconds"], strict=True
+        )
+    ]
+    fnd = result.findings
+    finding_rows = [
+        {
+            "kind": k,
+            "gang": gang,
+            "gpu_id": None if g is None else int(gpu_ids[g]),
+            "pod_uid": p,
+            "start_ms": None if a is None else int(a),
+            "end_ms": None if b is None else int(b),
+            "seconds": float(s),
+            "detail": d,
+        }
+        for k, gang, g, p, a, b, s, d in zip(
+            fnd["kind"],
+            _none(fnd["gang"]),
+            _none(fnd["gpu"]),
+            _none(fnd["pod_uid"]),
+            _none(fnd["start_ms"]),
+            _none(fnd["end_ms"]),
+            fnd["seconds"],
+            _none(fnd["detail"]),
+            strict=True,
+        )
+    ]
+    with engine.begin() as conn:
+        run_id = replace_audit_run(
+            conn,
+            window=(start_ms, end_ms),
+            shard="all",
+            created_ms=now_ms if now_ms is not None else int(time.time() * 1000),
+            thresholds=thresholds.as_dict(),
+            version=__version__,
+            results=result_rows,
+            findings=finding_rows,
+        )
+    return AuditStats(
+        run_id=run_id,
+        window=(start_ms, end_ms),
+        gpus=int(samples["gpu"].nunique()),
+        samples=len(samples),
+        tenures=len(tenures),
+        seconds=time.perf_counter() - started,
+    )
+
+
+def _none(series: pd.Series) -> list[object]:
+    """Values with NaN/NA as None, for writing to the database."""
+    import pandas as pd
+
+    return [None if pd.isna(v) else v for v in series.tolist()]
+
+
+def build_report(
+    url: str,
+    *,
+    start_ms: int | None,
+    end_ms: int | None,
+    by: GroupBy,
+    team: str | None,
+    top: int = 3,
+) -> Report:
+    """Read stored audit results for a window (default: the latest audited) into a Report."""
+    from auditor.report.offenders import STRAGGLER_COLUMNS, stragglers, top_offenders
+    from auditor.report.render import Report
+    from auditor.report.summary import GroupBy, summarise, totals
+    from auditor.store import reads
+
+    engine = open_store(url)
+    with engine.connect() as conn:
+        runs = reads.runs_in_window(conn, start_ms=start_ms, end_ms=end_ms)
+        if runs.empty:
+            raise InputError(
+                "no audit results for this window: run `auditor audit` first", field="window"
+            )
+        run_ids = [int(i) for i in runs["id"]]
+        results = reads.read_results(conn, run_ids)
+        findings = reads.read_findings(conn, run_ids)
+    if team is not None:
+        results_team = results[results["team"] == team]
+        if results_team.empty:
+            raise InputError(f"no team {team!r} in this window", field="--team")
+    rows = summarise(results, by=by, team=team)
+    if by is GroupBy.JOB:
+        slow = stragglers(findings)[["namespace", "job", *STRAGGLER_COLUMNS]]
+        rows = rows.merge(slow, on=["namespace", "job"], how="left")
+        no_wait = rows["straggler_wait_gpu_hours"] <= 0
+        rows.loc[no_wait, STRAGGLER_COLUMNS] = None
+    scope = results if team is None else results[results["team"] == team]
+    window = (int(runs["window_start_ms"].min()), int(runs["window_end_ms"].max()))
+    return Report(
+        window=window,
+        by=by.value,
+        rows=rows,
+        totals=totals(scope),
+        offenders=top_offenders(scope, findings, top=top),
+    )
+
+
+@dataclass(frozen=True)
+class SimulateStats:
+    out_dir: Path
+    summary: str
+
+
+def simulate(out_dir: Path, *, scenario: str, seed: int | None = None) -> SimulateStats:
+    """Write a preset scenario's input files and ground truth into `out_dir`."""
+    from dataclasses import replace
+
+    from auditor.simulate import SCENARIOS
+    from auditor.simulate import simulate as run_simulation
+
+    if scenario not in SCENARIOS:
+        raise InputError(f"unknown scenario (known: {', '.join(SCENARIOS)})", field="--scenario")
+    chosen = SCENARIOS[scenario] if seed is None else replace(SCENARIOS[scenario], seed=seed)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    result = run_simulation(out_dir, scenario=chosen)
+    gpus = chosen.nodes * chosen.gpus_per_node
+    return SimulateStats(
+        out_dir,
+        f"{chosen.nodes} nodes, {gpus} GPUs, {chosen.hours:g} h, {len(result.node_files)} "
+        "nvidia-smi files, pods.json, truth.csv",
+    )
+
+
+def demo(workdir: Path, *, scenario: str = "demo", log: Callable[[str], None]) -> str:
+    """Simulate → import → audit → report on a fresh SQLite database in `workdir`.
+
+    Ends with the team report and a check of the audit against the simulator's ground truth.
+    """
+    from auditor.report.render import render_table
+    from auditor.report.summary import GroupBy
+    from auditor.simulate import SCENARIOS
+    from auditor.simulate import simulate as run_simulation
+
+    started = time.perf_counter()
+    chosen = SCENARIOS[scenario]
+    data = workdir / "cluster"
+    data.mkdir(parents=True, exist_ok=True)
+    url = f"sqlite:///{workdir / 'auditor.db'}"
+    log(f"simulating {chosen.nodes} nodes × {chosen.gpus_per_node} GPUs for {chosen.hours:g} h ...")
+    sim = run_simulation(data, scenario=chosen)
+    samples = 0
+    for path in sim.node_files:
+        samples += import_nvidia_smi(url, path, node=path.stem).rows
+    pods = import_pods(url, sim.pods_file, config=Config()).rows
+    log(f"imported {samples:,} samples and {pods} pod records into {url}")
+    stats = audit(url, window=sim.window, thresholds=Thresholds())
+    log(f"audited {stats.gpus} GPUs in {stats.seconds:.1f}s")
+    report = build_report(url, start_ms=None, end_ms=None, by=GroupBy.TEAM, team=None)
+    text = render_table(report)
+    text += "\n" + truth_check(report.rows, sim.truth)
+    log(f"demo finished in {time.perf_counter() - started:.1f}s (files in {workdir})")
+    return text
+
+
+def truth_check(rows: pd.DataFrame, truth: pd.DataFrame) -> str:
+    """Audit vs simulator ground truth per category, fleet-wide, in GPU-hours."""
+    from auditor.model import CATEGORIES
+
+    audited = {c.value: float(rows[f"{c.value}_gpu_hours"].sum()) for c in CATEGORIES}
+    true = truth.groupby("category")["gpu_seconds"].sum() / 3600.0
+    lines = [
+        "Audit vs the simulator's ground truth (GPU-hours):",
+        f"  {'category':<16}{'truth':>10}{'audit':>10}",
+    ]
+    for c in CATEGORIES:
+        lines.append(
+            f"  {c.value:<16}{float(true.get(c.value, 0.0)):>10.2f}{audited[c.value]:>10.2f}"
+        )
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,1 @@
+"""Reports from audit results: summaries, offenders and advice, renderers. No database access."""

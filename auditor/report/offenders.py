@@ -1,0 +1,101 @@
+"""Top offenders per waste category, each with a one-line next step, and each job's straggler."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping
+from typing import Any
+
+import pandas as pd
+
+from auditor.model import WasteCategory
+from auditor.report.advice import next_step, throttle_names
+from auditor.report.summary import with_platform
+
+OFFENDER_CATEGORIES = (
+    WasteCategory.RESERVED_IDLE,
+    WasteCategory.STARTUP,
+    WasteCategory.TEARDOWN,
+    WasteCategory.CHECKPOINT,
+    WasteCategory.STRAGGLER_WAIT,
+    WasteCategory.COMPUTE_IDLE,
+    WasteCategory.UNOBSERVED,
+    WasteCategory.UNALLOCATED,
+)
+
+STRAGGLER_COLUMNS = ["straggler_pod", "straggler_rank", "straggler_node", "straggler_gpu"]
+
+
+def stragglers(findings: pd.DataFrame) -> pd.DataFrame:
+    """Per (namespace, job): the card the others waited on most, with its throttle reasons."""
+    cols = ["namespace", "job", *STRAGGLER_COLUMNS, "straggler_throttle", "straggler_seconds"]
+    s = findings[findings["kind"] == "straggler"]
+    if s.empty:
+        return pd.DataFrame(columns=cols)
+    s = s.sort_values(["seconds", "gpu"], ascending=[False, True]).drop_duplicates(
+        ["namespace", "job"]
+    )
+    return pd.DataFrame(
+        {
+            "namespace": s["namespace"].to_numpy(),
+            "job": s["job"].to_numpy(),
+            "straggler_pod": s["pod"].to_numpy(),
+            "straggler_rank": s["rank"].to_numpy(),
+            "straggler_node": s["node"].to_numpy(),
+            "straggler_gpu": s["gpu"].to_numpy(),
+            "straggler_throttle": [", ".join(throttle_names(d)) for d in s["detail"]],
+            "straggler_seconds": s["seconds"].to_numpy(),
+        }
+    )
+
+
+def _describe_straggler(row: Mapping[Hashable, Any]) -> str | None:
+    if pd.isna(row.get("straggler_pod")):
+        return None
+    text = f"{row['straggler_pod']} (rank {row['straggler_rank']}) on {row['straggler_node']}"
+    if row.get("straggler_throttle"):
+        text += f", throttled: {row['straggler_throttle']}"
+    return text
+
+
+def top_offenders(results: pd.DataFrame, findings: pd.DataFrame, *, top: int = 3) -> pd.DataFrame:
+    """The `top` jobs (or nodes, for platform categories) per category, with the next step."""
+    frame = with_platform(results)
+    slow = stragglers(findings)
+    rows: list[dict[str, object]] = []
+    for cat in OFFENDER_CATEGORIES:
+        part = frame[frame["category"] == cat.value]
+        if part.empty:
+            continue
+        total = float(part["seconds"].sum())
+        platform = cat in (WasteCategory.UNALLOCATED,) or (
+            cat is WasteCategory.UNOBSERVED and not part["held"].any()
+        )
+        keys = ["node"] if platform else ["team", "namespace", "job"]
+        if cat is WasteCategory.UNOBSERVED:
+            keys = ["node"]
+        agg = part.groupby(keys, dropna=False).agg(
+            seconds=("seconds", "sum"), workload=("workload", "first")
+        )
+        agg = agg.sort_values("seconds", ascending=False).head(top).reset_index()
+        if "job" in agg.columns and not slow.empty:
+            agg = agg.merge(slow, on=["namespace", "job"], how="left")
+        for row in agg.to_dict("records"):
+            where = row["node"] if "node" in keys else f"{row['namespace']}/{row['job']}"
+            rows.append(
+                {
+                    "category": cat.value,
+                    "team": row.get("team", None),
+                    "offender": where,
+                    "gpu_hours": float(row["seconds"]) / 3600.0,
+                    "share_of_category": float(row["seconds"]) / total if total else 0.0,
+                    "next_step": next_step(
+                        cat,
+                        workload=None if pd.isna(row["workload"]) else str(row["workload"]),
+                        straggler=_describe_straggler(row) if "straggler_pod" in row else None,
+                    ),
+                }
+            )
+    return pd.DataFrame(
+        rows,
+        columns=["category", "team", "offender", "gpu_hours", "share_of_category", "next_step"],
+    )

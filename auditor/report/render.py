@@ -1,0 +1,145 @@
+"""Renderers: a report as a terminal table, JSON (array of row objects) or CSV."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from auditor.model import CATEGORIES
+
+HOURS_DECIMALS = 4
+
+
+@dataclass(frozen=True)
+class Report:
+    """What every renderer draws: the grouped rows, fleet totals, offenders, the window."""
+
+    window: tuple[int, int]
+    by: str
+    rows: pd.DataFrame
+    totals: dict[str, float]
+    offenders: pd.DataFrame
+
+
+def _clean(value: Any) -> Any:
+    if value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA:
+        return None
+    if isinstance(value, float):
+        return round(value, HOURS_DECIMALS + 2)
+    if hasattr(value, "item"):
+        return _clean(value.item())
+    return value
+
+
+def _records(rows: pd.DataFrame) -> list[dict[str, Any]]:
+    return [{str(k): _clean(v) for k, v in rec.items()} for rec in rows.to_dict("records")]
+
+
+def render_json(report: Report) -> str:
+    return json.dumps(_records(report.rows), indent=2) + "\n"
+
+
+def render_csv(report: Report) -> str:
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(list(report.rows.columns))
+    for rec in _records(report.rows):
+        writer.writerow(["" if v is None else v for v in rec.values()])
+    return buf.getvalue()
+
+
+def _iso(ms: int) -> str:
+    return pd.Timestamp(ms, unit="ms", tz="UTC").strftime("%Y-%m-%d %H:%M UTC")
+
+
+def _pct(value: Any) -> str:
+    v = _clean(value)
+    return "-" if v is None else f"{100 * v:.0f}%"
+
+
+def _num(value: Any, digits: int = 1) -> str:
+    v = _clean(value)
+    return "-" if v is None else f"{v:,.{digits}f}"
+
+
+def render_table(report: Report, *, width: int = 150) -> str:
+    """A readable terminal report: totals, the grouped table, and the top offenders."""
+    from rich.console import Console
+    from rich.table import Table
+
+    buf = io.StringIO()
+    console = Console(file=buf, width=width, force_terminal=False, color_system=None)
+    t = report.totals
+    alloc = t["allocated_gpu_hours"]
+    console.print(
+        f"GPU waste audit {_iso(report.window[0])} → {_iso(report.window[1])}: "
+        f"{t['capacity_gpu_hours']:,.1f} GPU-hours of capacity, {alloc:,.1f} held by pods."
+    )
+    if alloc > 0:
+        console.print(
+            f"Of held time: busy {t['busy_gpu_hours'] / alloc:.0%}, "
+            f"scheduling waste {t['scheduling_waste_gpu_hours'] / alloc:.0%}, "
+            f"compute idle {t['compute_idle_gpu_hours'] / alloc:.0%}, "
+            f"unobserved {t['unobserved_gpu_hours'] / alloc:.0%}. "
+            f"Unallocated: {t['unallocated_gpu_hours']:,.1f} GPU-hours. "
+            f"{t['inferred_share']:.0%} of held GPU-hours rest on inferred GPU→pod mapping."
+        )
+    keys = [
+        c
+        for c in report.rows.columns
+        if not c.endswith(("_gpu_hours", "_share")) and not c.startswith(("util_", "straggler_"))
+    ]
+    table = Table(title=f"GPU-hours by {report.by}", title_justify="left")
+    for k in keys:
+        table.add_column(k)
+    short = {
+        "reserved_idle": "resv idle",
+        "straggler_wait": "straggler",
+        "compute_idle": "comp idle",
+        "unallocated": "unalloc",
+        "unobserved": "unobs",
+    }
+    table.add_column("held", justify="right")
+    for cat in CATEGORIES:
+        table.add_column(short.get(cat.value, cat.value), justify="right")
+    table.add_column("sched waste", justify="right")
+    table.add_column("util p10/50/90", justify="right")
+    for rec in report.rows.to_dict("records"):
+        util = "/".join(
+            "-" if _clean(rec[q]) is None else f"{rec[q]:.0f}"
+            for q in ("util_p10", "util_p50", "util_p90")
+        )
+        table.add_row(
+            *(str(_clean(rec[k]) if _clean(rec[k]) is not None else "-") for k in keys),
+            _num(rec["allocated_gpu_hours"]),
+            *(_num(rec[f"{c.value}_gpu_hours"]) for c in CATEGORIES),
+            f"{_num(rec['scheduling_waste_gpu_hours'])} ({_pct(rec['scheduling_waste_share'])})",
+            util,
+        )
+    console.print(table)
+    if not report.offenders.empty:
+        off = Table(title="Top offenders and next steps", title_justify="left")
+        for col, justify in (
+            ("category", "left"),
+            ("offender", "left"),
+            ("GPU-h", "right"),
+            ("share", "right"),
+            ("next step", "left"),
+        ):
+            off.add_column(col, justify=justify)  # type: ignore[arg-type]
+        for rec in report.offenders.to_dict("records"):
+            off.add_row(
+                rec["category"],
+                str(rec["offender"]),
+                _num(rec["gpu_hours"]),
+                _pct(rec["share_of_category"]),
+                rec["next_step"],
+            )
+        console.print(off)
+    return buf.getvalue()

@@ -1,0 +1,131 @@
+"""Summaries of audit results: GPU-hours per category and group, shares, utilisation spread.
+
+Input is the results frame the store reads (one row per run, card, pod or none, category,
+with the pod's attributes joined). Output frames use the `*_gpu_hours` names of the finance
+CSV (SPEC §4) so every format agrees.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+import numpy as np
+import pandas as pd
+
+from auditor.model import CATEGORIES, PLATFORM_TEAM, SCHEDULING_WASTE, WasteCategory
+
+
+class GroupBy(StrEnum):
+    TEAM = "team"
+    NAMESPACE = "namespace"
+    JOB = "job"
+    POD = "pod"
+    NODE = "node"
+    GPU = "gpu"
+
+
+GROUP_COLUMNS: dict[GroupBy, list[str]] = {
+    GroupBy.TEAM: ["team"],
+    GroupBy.NAMESPACE: ["namespace"],
+    GroupBy.JOB: ["team", "namespace", "job"],
+    GroupBy.POD: ["team", "namespace", "pod"],
+    GroupBy.NODE: ["node"],
+    GroupBy.GPU: ["node", "gpu"],
+}
+
+HOURS_COLUMNS = [f"{c}_gpu_hours" for c in CATEGORIES]
+
+
+def with_platform(results: pd.DataFrame) -> pd.DataFrame:
+    """Rows of no pod belong to the platform: team/namespace/job/pod `(platform)`."""
+    out = results.copy()
+    unheld = out["pod_uid"].isna()
+    for col in ("team", "namespace", "job", "pod"):
+        out[col] = out[col].astype("object")
+        out.loc[unheld, col] = PLATFORM_TEAM
+    out["held"] = ~unheld
+    return out
+
+
+def card_utilisation(results: pd.DataFrame) -> pd.DataFrame:
+    """Per held card (card × pod): busy share of its observed held time, in percent."""
+    held = results[results["pod_uid"].notna()]
+    if held.empty:
+        return pd.DataFrame(columns=["gpu", "pod_uid", "util_pct"])
+    pivot = held.pivot_table(
+        index=["gpu", "pod_uid"],
+        columns="category",
+        values="seconds",
+        aggfunc="sum",
+        fill_value=0.0,
+    )
+    total = pivot.sum(axis=1)
+    unobserved = pivot.get(WasteCategory.UNOBSERVED.value, pd.Series(0.0, index=pivot.index))
+    busy = pivot.get(WasteCategory.BUSY.value, pd.Series(0.0, index=pivot.index))
+    observed = total - unobserved
+    util = (100.0 * busy / observed.where(observed > 0)).rename("util_pct")
+    return util.dropna().reset_index()
+
+
+def summarise(results: pd.DataFrame, *, by: GroupBy, team: str | None = None) -> pd.DataFrame:
+    """One row per group: GPU-hours per category, waste apart, shares, p10/p50/p90, inferred."""
+    frame = with_platform(results)
+    if team is not None:
+        frame = frame[frame["team"] == team]
+    keys = GROUP_COLUMNS[by]
+    hours = frame.assign(hours=frame["seconds"] / 3600.0).pivot_table(
+        index=keys, columns="category", values="hours", aggfunc="sum", fill_value=0.0
+    )
+    for cat in CATEGORIES:
+        if cat.value not in hours.columns:
+            hours[cat.value] = 0.0
+    hours = hours[[c.value for c in CATEGORIES]]
+    hours.columns = pd.Index(HOURS_COLUMNS)
+    held_hours = frame[frame["held"]].assign(h=frame["seconds"] / 3600.0).groupby(keys)["h"].sum()
+    out = hours.copy()
+    out.insert(0, "allocated_gpu_hours", held_hours.reindex(out.index).fillna(0.0))
+    out["scheduling_waste_gpu_hours"] = out[[f"{c}_gpu_hours" for c in SCHEDULING_WASTE]].sum(
+        axis=1
+    )
+    out["capacity_gpu_hours"] = out[HOURS_COLUMNS].sum(axis=1)
+    allocated = out["allocated_gpu_hours"].where(out["allocated_gpu_hours"] > 0)
+    out["busy_share"] = out["busy_gpu_hours"] / allocated
+    out["scheduling_waste_share"] = out["scheduling_waste_gpu_hours"] / allocated
+    out["compute_idle_share"] = out["compute_idle_gpu_hours"] / allocated
+    inferred_hours = (
+        frame[frame["inferred"] & frame["held"]]
+        .assign(h=frame["seconds"] / 3600.0)
+        .groupby(keys)["h"]
+        .sum()
+    )
+    out["inferred_share"] = inferred_hours.reindex(out.index).fillna(0.0) / allocated
+    util = card_utilisation(frame).merge(
+        frame[[*keys, "gpu", "pod_uid"]].drop_duplicates(), on=["gpu", "pod_uid"]
+    )
+    quantiles = util.groupby(keys)["util_pct"].quantile(np.array([0.1, 0.5, 0.9])).unstack()
+    for q, name in ((0.1, "util_p10"), (0.5, "util_p50"), (0.9, "util_p90")):
+        out[name] = quantiles[q].reindex(out.index) if q in quantiles.columns else np.nan
+    out = out.reset_index()
+    platform_last = (out[keys[0]] == PLATFORM_TEAM).astype(int)
+    return (
+        out.assign(_p=platform_last)
+        .sort_values(
+            ["_p", "allocated_gpu_hours", *keys], ascending=[True, False] + [True] * len(keys)
+        )
+        .drop(columns="_p")
+        .reset_index(drop=True)
+    )
+
+
+def totals(results: pd.DataFrame) -> dict[str, float]:
+    """Fleet totals in GPU-hours per category, plus allocated and scheduling waste."""
+    frame = with_platform(results)
+    per = frame.groupby("category")["seconds"].sum() / 3600.0
+    out = {f"{c}_gpu_hours": float(per.get(c.value, 0.0)) for c in CATEGORIES}
+    out["allocated_gpu_hours"] = float(frame.loc[frame["held"], "seconds"].sum() / 3600.0)
+    out["scheduling_waste_gpu_hours"] = sum(out[f"{c}_gpu_hours"] for c in SCHEDULING_WASTE)
+    out["capacity_gpu_hours"] = float(frame["seconds"].sum() / 3600.0)
+    inferred = frame.loc[frame["held"] & frame["inferred"], "seconds"].sum() / 3600.0
+    alloc = out["allocated_gpu_hours"]
+    out["inferred_share"] = float(inferred / alloc) if alloc > 0 else 0.0
+    return out
