@@ -76,7 +76,9 @@ def raise_store_error(url: str, e: Exception) -> None:
         safe = make_url(url).render_as_string(hide_password=True)
     except Exception:
         safe = "the database"
-    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    cause = getattr(e, "orig", None) or e  # the driver's own message, not SQLAlchemy's wrapper
+    text = str(cause).strip()
+    first = text.splitlines()[0] if text else type(cause).__name__
     raise StoreError(f"cannot use {safe}: {first}") from e
 
 
@@ -256,6 +258,12 @@ def audit(
     )
 
 
+def _iso(ms: int) -> str:
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def _none(series: pd.Series) -> list[object]:
     """Values with NaN/NA as None, for writing to the database."""
     import pandas as pd
@@ -276,6 +284,7 @@ def build_report(
     from auditor.report.offenders import STRAGGLER_COLUMNS, stragglers, top_offenders
     from auditor.report.render import Report
     from auditor.report.summary import GroupBy, summarise, totals
+    from auditor.report.windows import choose_runs
     from auditor.store import reads
 
     engine = open_store(url)
@@ -286,6 +295,17 @@ def build_report(
                 "no audit results for this window: run `auditor audit` first", field="window"
             )
         run_ids = [int(i) for i in runs["id"]]
+        if start_ms is not None and end_ms is not None:
+            choice = choose_runs(runs, start_ms=start_ms, end_ms=end_ms)
+            if choice.missing:
+                a, b = choice.missing[0]
+                raise InputError(
+                    f"the window is not fully audited: nothing covers {_iso(a)} to {_iso(b)}; "
+                    f"run `auditor audit --start {_iso(a)} --end {_iso(b)}`",
+                    field="window",
+                )
+            run_ids = choice.run_ids
+            runs = runs[runs["id"].isin(run_ids)]
         results = reads.read_results(conn, run_ids)
         findings = reads.read_findings(conn, run_ids)
     if team is not None:

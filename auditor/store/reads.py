@@ -85,6 +85,7 @@ def read_samples(
         select(gpus.c.uuid, gpu_samples.c.ts_ms, gpu_samples.c.util, gpu_samples.c.throttle_reasons)
         .join(gpus, gpus.c.id == gpu_samples.c.gpu_id)
         .where(cond)
+        .order_by(gpu_samples.c.gpu_id, gpu_samples.c.ts_ms)
     )
     df = _frame(conn, stmt, ["gpu", "ts_ms", "util", "throttle_reasons"])
     df["ts_ms"] = df["ts_ms"].astype("int64")

@@ -1,0 +1,62 @@
+"""Which stored audit runs make up a report window, without counting any second twice.
+
+Runs of adjacent windows add up (SPEC §3, "Whole tenures"), so a week can be read from seven
+daily runs; overlapping runs (a daily and a weekly run of the same days) must not both count.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+
+
+@dataclass(frozen=True)
+class RunChoice:
+    run_ids: list[int]
+    missing: list[tuple[int, int]]
+    """Stretches of the window no chosen run covers."""
+
+
+def choose_runs(runs: pd.DataFrame, *, start_ms: int, end_ms: int) -> RunChoice:
+    """Chain run windows from `start_ms` to `end_ms`, preferring the longest that still chains.
+
+    `runs` has id, window_start_ms, window_end_ms (and shard: all shards of a window count).
+    """
+    inside = runs[(runs["window_start_ms"] >= start_ms) & (runs["window_end_ms"] <= end_ms)]
+    windows = (
+        inside[["window_start_ms", "window_end_ms"]]
+        .drop_duplicates()
+        .sort_values(["window_start_ms", "window_end_ms"], ascending=[True, False])
+    )
+    options: dict[int, list[int]] = {}
+    for a, b in zip(
+        windows["window_start_ms"].astype(int), windows["window_end_ms"].astype(int), strict=True
+    ):
+        options.setdefault(a, []).append(b)  # longest first
+    # points from which windows chain exactly to end_ms, found backwards
+    exact: set[int] = {end_ms}
+    for a in sorted(options, reverse=True):
+        if any(b in exact for b in options[a]):
+            exact.add(a)
+    starts = sorted(options)
+    chosen: list[tuple[int, int]] = []
+    missing: list[tuple[int, int]] = []
+    pos = start_ms
+    while pos < end_ms:
+        if pos in options:
+            ends = options[pos]
+            nxt = next((b for b in ends if b in exact), ends[0])
+            chosen.append((pos, nxt))
+            pos = nxt
+            continue
+        later = [a for a in starts if a > pos]
+        nxt = later[0] if later else end_ms
+        missing.append((pos, nxt))
+        pos = nxt
+    keys = set(chosen)
+    pairs = zip(
+        inside["window_start_ms"].astype(int), inside["window_end_ms"].astype(int), strict=True
+    )
+    ids = [int(i) for i, w in zip(inside["id"], pairs, strict=True) if w in keys]
+    return RunChoice(run_ids=sorted(ids), missing=missing)
