@@ -1,0 +1,650 @@
+"""The nvidia-smi CSV reader: real captures, hand-written variants, bad input, round trips."""
+
+from __future__ import annotations
+
+import csv
+import os
+import re
+import tracemalloc
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta, timezone, tzinfo
+from pathlib import Path
+from zoneinfo import ZoneInfo
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from auditor.collect.nvidia_smi import known_fields, read_nvidia_smi
+from auditor.errors import InputError
+from auditor.model import GpuRecord, GpuSample
+
+FIXTURES = Path(__file__).parent / "fixtures" / "nvidia_smi"
+
+
+def _realdata() -> Path:
+    env = os.environ.get("AUDITOR_REALDATA")
+    return Path(env) if env else Path(__file__).resolve().parents[2] / "shared" / "realdata"
+
+
+CAPTURES = _realdata() / "nvidia-smi-captures"
+
+
+def _ms(*args: int) -> int:
+    """Epoch ms of a UTC wall-clock time, computed by the standard library."""
+    year, month, day, hour, minute, second, *rest = args
+    micro = rest[0] * 1000 if rest else 0
+    moment = datetime(year, month, day, hour, minute, second, micro, tzinfo=UTC)
+    return round(moment.timestamp() * 1000)
+
+
+def _read(
+    path: Path, *, tz: tzinfo = UTC, ignore_unknown_columns: bool = False
+) -> list[tuple[GpuRecord, GpuSample]]:
+    return list(
+        read_nvidia_smi(path, node="node-a", tz=tz, ignore_unknown_columns=ignore_unknown_columns)
+    )
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_bytes(text.encode())
+    return path
+
+
+# --- real captures ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Block:
+    """One `query-gpu` CSV block cut out of a capture, written to its own file."""
+
+    name: str
+    path: Path
+    lines: list[str]
+
+
+def _query_gpu_blocks(text: str) -> Iterator[tuple[str, list[str]]]:
+    """(state, lines) for each `# <state> :: query-gpu (csv...)` section of a capture."""
+    lines = text.split("\n")
+    for i, line in enumerate(lines):
+        match = re.match(r"# (idle|load) :: query-gpu \(csv", line)
+        if not match:
+            continue
+        start = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("####")) + 1
+        end = next(j for j in range(start, len(lines)) if lines[j].startswith("####"))
+        yield match.group(1), [row for row in lines[start:end] if row.strip()]
+
+
+@pytest.fixture(scope="module")
+def capture_blocks(tmp_path_factory: pytest.TempPathFactory) -> list[Block]:
+    """Every query-gpu block of every capture as a CSV file; Windows ones also with CRLF."""
+    if not CAPTURES.is_dir():
+        pytest.skip(f"real nvidia-smi captures not found at {CAPTURES} (set AUDITOR_REALDATA)")
+    out = tmp_path_factory.mktemp("captures")
+    blocks = []
+    for capture in sorted((CAPTURES / "nvidia_gpu_exporter").glob("*__*.txt")):
+        for state, lines in _query_gpu_blocks(capture.read_text()):
+            name = f"{capture.stem}.{state}"
+            path = out / f"{name}.csv"
+            path.write_bytes(("\n".join(lines) + "\n").encode())
+            blocks.append(Block(name, path, lines))
+            if capture.name.startswith("windows"):
+                crlf = out / f"{name}.crlf.csv"
+                crlf.write_bytes(("\r\n".join(lines) + "\r\n").encode())
+                blocks.append(Block(f"{name}.crlf", crlf, lines))
+    return blocks
+
+
+def _number(cell: str) -> float | None:
+    return None if cell.startswith("[") else float(cell.split(" ", maxsplit=1)[0])
+
+
+def _expected(block: Block) -> list[dict[str, object]]:
+    """The values the reader must find, read from the block with the csv module."""
+    reader = csv.reader(block.lines, skipinitialspace=True)
+    header = [re.sub(r" \[.*\]$", "", h) for h in next(reader)]
+    expected = []
+    for row in reader:
+        cells = dict(zip(header, (c.strip() for c in row), strict=True))
+        moment = datetime.strptime(cells["timestamp"], "%Y/%m/%d %H:%M:%S.%f")
+        expected.append(
+            {
+                "uuid": cells["uuid"],
+                "index": int(cells["index"]),
+                "model": cells["name"],
+                "util": _number(cells["utilization.gpu"]),
+                "memory_used_mib": _number(cells["memory.used"]),
+                "memory_total_mib": _number(cells["memory.total"]),
+                "power_w": _number(cells["power.draw"]),
+                "sm_clock_mhz": _number(cells["clocks.current.sm"]),
+                "temperature_c": _number(cells["temperature.gpu"]),
+                "throttle_reasons": cells["clocks_event_reasons.active"],
+                "ts_ms": round(moment.replace(tzinfo=UTC).timestamp() * 1000),
+            }
+        )
+    return expected
+
+
+def _found(record: GpuRecord, sample: GpuSample) -> dict[str, object]:
+    assert record.uuid == sample.gpu_uuid
+    assert record.node == "node-a"
+    assert record.memory_total_mib == sample.memory_total_mib
+    return {
+        "uuid": record.uuid,
+        "index": record.index,
+        "model": record.model,
+        "util": sample.util,
+        "memory_used_mib": sample.memory_used_mib,
+        "memory_total_mib": sample.memory_total_mib,
+        "power_w": sample.power_w,
+        "sm_clock_mhz": sample.sm_clock_mhz,
+        "temperature_c": sample.temperature_c,
+        "throttle_reasons": sample.throttle_reasons,
+        "ts_ms": sample.ts_ms,
+    }
+
+
+def test_every_capture_block_imports_with_the_values_it_shows(capture_blocks: list[Block]) -> None:
+    assert len(capture_blocks) == 10 * 2 + 2 * 2  # 10 captures x idle/load, + CRLF copies
+    for block in capture_blocks:
+        found = [_found(r, s) for r, s in _read(block.path)]
+        assert found == _expected(block), block.name
+
+
+def _block(blocks: list[Block], name: str) -> tuple[GpuRecord, GpuSample]:
+    (only,) = _read(next(b for b in blocks if b.name == name).path)
+    return only
+
+
+def test_h200_under_load(capture_blocks: list[Block]) -> None:
+    record, sample = _block(capture_blocks, "linux-x86_64__nvidia-h200__590.48.01.load")
+    assert record == GpuRecord(
+        uuid="GPU-00000000-0000-0000-0000-000000000000",
+        node="node-a",
+        index=0,
+        model="NVIDIA H200",
+        memory_total_mib=143771.0,
+    )
+    assert sample == GpuSample(
+        gpu_uuid="GPU-00000000-0000-0000-0000-000000000000",
+        ts_ms=_ms(2026, 7, 3, 22, 11, 9, 763),
+        util=100.0,
+        memory_used_mib=32362.0,
+        memory_total_mib=143771.0,
+        power_w=627.40,
+        sm_clock_mhz=1980.0,
+        throttle_reasons="0x0000000000000000",
+        temperature_c=52.0,
+    )
+
+
+def test_mig_gpu_utilisation_is_unreadable_not_zero(capture_blocks: list[Block]) -> None:
+    for name in (
+        "linux-x86_64__nvidia-h100-mig__590.48.01.load",
+        "linux-x86_64__nvidia-h200-mig__590.48.01.idle",
+    ):
+        _, sample = _block(capture_blocks, name)
+        assert sample.util is None, name
+    _, h100_mig_load = _block(capture_blocks, "linux-x86_64__nvidia-h100-mig__590.48.01.load")
+    assert h100_mig_load.memory_used_mib == 11125.0
+    assert h100_mig_load.power_w == 433.78
+
+
+def test_windows_capture_with_crlf_reads_like_lf(capture_blocks: list[Block]) -> None:
+    name = "windows-x86_64__nvidia-geforce-rtx-2080-super__591.86.idle"
+    lf = _block(capture_blocks, name)
+    assert _block(capture_blocks, f"{name}.crlf") == lf
+    _, sample = lf
+    assert (sample.util, sample.memory_used_mib, sample.power_w) == (0.0, 702.0, 38.92)
+    assert (sample.sm_clock_mhz, sample.throttle_reasons) == (300.0, "0x0000000000000001")
+    assert sample.ts_ms == _ms(2026, 6, 22, 23, 4, 18, 311)
+
+
+def _help_query_gpu_properties(text: str) -> set[str]:
+    after = text.split("# capabilities :: help-query-gpu", maxsplit=1)[1]
+    section = after.split("# capabilities ::", maxsplit=1)[0]
+    names: set[str] = set()
+    for line in section.splitlines():
+        if re.fullmatch(r'"[\w.]+"( or "[\w.]+")*', line):
+            names.update(re.findall(r'"([\w.]+)"', line))
+    return names
+
+
+def test_known_field_list_covers_every_driver_captured() -> None:
+    if not CAPTURES.is_dir():
+        pytest.skip(f"real nvidia-smi captures not found at {CAPTURES} (set AUDITOR_REALDATA)")
+    for capture in sorted((CAPTURES / "nvidia_gpu_exporter").glob("*__*.txt")):
+        properties = _help_query_gpu_properties(capture.read_text())
+        assert len(properties) > 200, capture.name
+        assert properties <= known_fields(), (capture.name, properties - known_fields())
+
+
+def test_known_field_list_is_sorted_and_has_older_aliases() -> None:
+    data = Path(__file__).parents[1] / "auditor" / "data" / "nvidia_smi_fields.txt"
+    names = [n for n in data.read_text().splitlines() if n and not n.startswith("#")]
+    assert names == sorted(set(names))
+    for old in ("clocks_throttle_reasons.active", "clocks.sm", "clocks.gr", "clocks.mem"):
+        assert old in known_fields()
+
+
+@pytest.mark.parametrize(
+    "relative",
+    ["netdata_xml/tesla-p100_query-gpu.csv", "nvidia_gpu_exporter/query.txt"],
+)
+def test_snapshot_without_timestamp_is_refused_naming_the_field(relative: str) -> None:
+    path = CAPTURES / relative
+    if not path.is_file():
+        pytest.skip(f"real nvidia-smi capture not found at {path} (set AUDITOR_REALDATA)")
+    with pytest.raises(InputError) as caught:
+        _read(path)
+    assert (caught.value.line, caught.value.field) == (1, "timestamp")
+    assert f"{path}:1: field 'timestamp': missing required column" in str(caught.value)
+
+
+# --- hand-written variants ----------------------------------------------------------------
+
+
+def _default_rows() -> list[tuple[GpuRecord, GpuSample]]:
+    rows = [
+        (_ms(2026, 6, 24, 10, 26, 34, 977), 0, 38.0, 575.0),
+        (_ms(2026, 6, 24, 10, 26, 34, 981), 1, 0.0, 3.0),
+        (_ms(2026, 6, 24, 10, 26, 39, 977), 0, 41.0, 575.0),
+        (_ms(2026, 6, 24, 10, 26, 39, 981), 1, 100.0, 80000.0),
+    ]
+    return [
+        (
+            GpuRecord(uuid=f"node-a/{i}", node="node-a", index=i),
+            GpuSample(gpu_uuid=f"node-a/{i}", ts_ms=ts, util=util, memory_used_mib=used),
+        )
+        for ts, i, util, used in rows
+    ]
+
+
+@pytest.mark.parametrize(
+    "fixture",
+    [
+        "default_header.csv",
+        "noheader.csv",
+        "nounits.csv",
+        "noheader_nounits.csv",
+        "repeated_header.csv",
+        "truncated_last_line.csv",
+    ],
+)
+def test_format_variants_read_the_same_samples(fixture: str) -> None:
+    assert _read(FIXTURES / fixture) == _default_rows()
+
+
+def test_crlf_line_endings(tmp_path: Path) -> None:
+    text = (FIXTURES / "default_header.csv").read_text()
+    path = _write(tmp_path / "windows.csv", text.replace("\n", "\r\n"))
+    assert b"\r\n" in path.read_bytes()
+    assert _read(path) == _default_rows()
+
+
+@pytest.mark.parametrize(
+    ("encoding", "prefix"),
+    [("utf-8", b"\xef\xbb\xbf"), ("utf-16-le", b"\xff\xfe")],
+    ids=["utf-8 with BOM", "utf-16 (PowerShell 5 redirect)"],
+)
+def test_byte_order_marked_files(tmp_path: Path, encoding: str, prefix: bytes) -> None:
+    text = (FIXTURES / "default_header.csv").read_text().replace("\n", "\r\n")
+    path = tmp_path / "bom.csv"
+    path.write_bytes(prefix + text.encode(encoding))
+    assert _read(path) == _default_rows()
+
+
+def test_fields_in_any_order_with_older_aliases() -> None:
+    uuid = "GPU-1b6e2c4d-8f0a-4b3c-9d2e-7a6f5e4d3c2b"
+    assert _read(FIXTURES / "reordered.csv") == [
+        (
+            GpuRecord(
+                uuid=uuid,
+                node="node-a",
+                index=3,
+                model="NVIDIA A100-SXM4-40GB",
+                memory_total_mib=40960.0,
+            ),
+            GpuSample(
+                gpu_uuid=uuid,
+                ts_ms=_ms(2026, 1, 15, 8, 0, 0),
+                util=87.0,
+                memory_used_mib=1024.0,
+                memory_total_mib=40960.0,
+                power_w=251.37,
+                sm_clock_mhz=1410.0,
+                throttle_reasons="0x0000000000000004",
+                temperature_c=61.0,
+            ),
+        )
+    ]
+
+
+def test_bracketed_values_are_none_never_zero() -> None:
+    uuid = "GPU-5f1d0c2a-3b4e-4f60-8a7b-9c0d1e2f3a4b"
+    (first_record, first), (second_record, second) = _read(FIXTURES / "missing_values.csv")
+    assert first_record.model == "NVIDIA H100 80GB HBM3"
+    assert first == GpuSample(
+        gpu_uuid=uuid,
+        ts_ms=_ms(2026, 7, 14, 9, 0, 27, 792),
+        util=None,
+        memory_used_mib=59.0,
+        memory_total_mib=81559.0,
+        power_w=71.15,  # power.draw is [N/A]: power.draw.instant stands in
+    )
+    # No uuid: the GPU is NODE/index.
+    assert second_record == GpuRecord(uuid="node-a/1", node="node-a", index=1)
+    assert second == GpuSample(
+        gpu_uuid="node-a/1",
+        ts_ms=_ms(2026, 7, 14, 9, 0, 27, 801),
+        util=None,
+        sm_clock_mhz=345.0,
+        temperature_c=42.0,
+    )
+
+
+def test_node_local_time_is_read_in_its_zone_across_dst() -> None:
+    found = [s.ts_ms for _, s in _read(FIXTURES / "berlin.csv", tz=ZoneInfo("Europe/Berlin"))]
+    assert found == [
+        _ms(2026, 1, 15, 11, 0, 0),  # CET, UTC+1
+        _ms(2026, 7, 15, 10, 0, 0),  # CEST, UTC+2
+        _ms(2026, 3, 29, 0, 59, 59),  # last second of CET
+        _ms(2026, 3, 29, 1, 0, 0),  # 03:00 CEST, the clocks went forward an hour
+        _ms(2026, 10, 25, 0, 30, 0),  # 02:30 CEST, first time round
+        _ms(2026, 10, 25, 0, 59, 55),
+        _ms(2026, 10, 25, 1, 0, 0),  # 02:00 again, now CET: the repeated hour
+        _ms(2026, 10, 25, 1, 30, 0),
+        _ms(2026, 10, 25, 2, 0, 0),
+    ]
+
+
+def test_default_zone_is_utc_and_fixed_offsets_work() -> None:
+    (_, utc), *_ = _read(FIXTURES / "noheader.csv")
+    (_, new_york), *_ = _read(FIXTURES / "noheader.csv", tz=timezone(timedelta(hours=-4)))
+    assert utc.ts_ms == _ms(2026, 6, 24, 10, 26, 34, 977)
+    assert new_york.ts_ms == _ms(2026, 6, 24, 14, 26, 34, 977)
+
+
+def test_unterminated_last_line_cut_in_its_last_cell_is_dropped(tmp_path: Path) -> None:
+    text = (FIXTURES / "default_header.csv").read_text()
+    cut = _write(tmp_path / "cut.csv", text + "2026/06/24 10:26:44.977, 0, 38 %, 575 Mi")
+    assert _read(cut) == _default_rows()
+
+
+def test_unterminated_but_complete_last_line_is_kept(tmp_path: Path) -> None:
+    text = (FIXTURES / "default_header.csv").read_text().rstrip("\n")
+    assert _read(_write(tmp_path / "no-eol.csv", text)) == _default_rows()
+
+
+def test_unknown_columns_can_be_ignored(tmp_path: Path) -> None:
+    text = (FIXTURES / "default_header.csv").read_text().splitlines()
+    rows = [text[0] + ", vendor.new_counter [W]"] + [line + ", 12.5 W" for line in text[1:]]
+    path = _write(tmp_path / "newer-driver.csv", "\n".join(rows) + "\n")
+    assert _read(path, ignore_unknown_columns=True) == _default_rows()
+    with pytest.raises(InputError, match="--ignore-unknown-columns"):
+        _read(path)
+
+
+def test_duplicate_rows_are_all_yielded(tmp_path: Path) -> None:
+    text = (FIXTURES / "noheader.csv").read_text()
+    assert _read(_write(tmp_path / "twice.csv", text + text)) == _default_rows() * 2
+
+
+def test_concatenated_logs_with_different_headers(tmp_path: Path) -> None:
+    second = "timestamp, uuid, index, utilization.gpu [%], memory.used [MiB]\n"
+    second += "2026/06/24 11:00:00.000, GPU-0a, 0, 5 %, 10 MiB\n"
+    text = (FIXTURES / "default_header.csv").read_text() + second
+    *_, (record, sample) = _read(_write(tmp_path / "cat.csv", text))
+    assert (record.uuid, record.index, sample.util, sample.memory_used_mib) == (
+        "GPU-0a",
+        0,
+        5.0,
+        10.0,
+    )
+
+
+# --- bad input ----------------------------------------------------------------------------
+
+HEADER = "timestamp, index, utilization.gpu [%], memory.used [MiB]\n"
+ROW = "2026/06/24 10:26:34.977, 0, 38 %, 575 MiB\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "field", "message"),
+    [
+        (HEADER + ROW + "2026/06/24 10:26:35.977, 0, 38 %\n" + ROW, 3, "memory.used", "cells"),
+        (HEADER + ROW + ROW.rstrip("\n") + ", 1 W\n" + ROW, 3, None, "expected 4 cells"),
+        (HEADER.rstrip("\n") + ", gpu.magic\n" + ROW, 1, "gpu.magic", "unknown column"),
+        (HEADER + ROW.replace("2026/06/24", "2026-06-24"), 2, "timestamp", "YYYY/MM/DD"),
+        (HEADER + ROW.replace("2026/06/24", "2026/02/30"), 2, "timestamp", "no such date"),
+        (HEADER + ROW.replace("10:26", "25:26"), 2, "timestamp", "no such time"),
+        (HEADER + ROW.replace("38 %", "abc"), 2, "utilization.gpu", "expected a number"),
+        (HEADER + ROW.replace("38 %", "150 %"), 2, "utilization.gpu", "0-100"),
+        (HEADER + ROW.replace("38 %", "38 MiB"), 2, "utilization.gpu", "number in %"),
+        (HEADER + ROW.replace("38 %", "nan"), 2, "utilization.gpu", "expected a number"),
+        (HEADER + ROW.replace("38 %", ""), 2, "utilization.gpu", "empty value"),
+        (HEADER + ROW.replace("575 MiB", "-5 MiB"), 2, "memory.used", "negative"),
+        (HEADER + ROW.replace(", 0,", ", gpu0,"), 2, "index", "GPU index"),
+        (HEADER.replace(", memory.used [MiB]", "") + "2026/06/24 10:26:34.977, 0, 38 %\n", 1,
+         "memory.used", "missing required column"),
+        ("2026/06/24 10:26:34.977, 0, 38 %, 575 MiB, 81559 MiB\n", 1, None,
+         "without a header line the columns must be"),
+        (HEADER + ROW + ROW.replace("38 %", "abc").rstrip("\n"), 3, "utilization.gpu",
+         "expected a number"),
+    ],
+    ids=[
+        "short line in the middle",
+        "long line in the middle",
+        "unknown column",
+        "timestamp format",
+        "no such date",
+        "no such hour",
+        "non-numeric utilization",
+        "utilization 150",
+        "utilization in the wrong unit",
+        "utilization nan",
+        "empty utilization",
+        "negative memory",
+        "index not a number",
+        "missing required column",
+        "noheader with extra columns",
+        "unterminated last line bad before its last cell",
+    ],
+)  # fmt: skip
+def test_bad_input_names_file_line_and_field(
+    tmp_path: Path, text: str, line: int, field: str | None, message: str
+) -> None:
+    path = _write(tmp_path / "bad.csv", text)
+    with pytest.raises(InputError) as caught:
+        _read(path)
+    error = caught.value
+    assert (error.file, error.line, error.field) == (str(path), line, field)
+    where = f"{path}:{line}: " + (f"field {field!r}: " if field else "")
+    assert str(error).startswith(where)
+    assert message in str(error)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", "\n\n", HEADER, HEADER + "2026/06/24 10:26:34.977, 0, 3"],
+    ids=["empty", "blank lines", "header only", "header and a cut line"],
+)
+def test_file_without_samples_is_an_error(tmp_path: Path, text: str) -> None:
+    path = _write(tmp_path / "empty.csv", text)
+    with pytest.raises(InputError, match="no samples") as caught:
+        _read(path)
+    assert str(caught.value).startswith(f"{path}: ")
+
+
+def test_missing_file_is_an_input_error(tmp_path: Path) -> None:
+    path = tmp_path / "nope.csv"
+    with pytest.raises(InputError) as caught:
+        _read(path)
+    assert str(caught.value).startswith(f"{path}: cannot read the file")
+
+
+def test_binary_garbage_is_an_input_error(tmp_path: Path) -> None:
+    path = tmp_path / "garbage.csv"
+    path.write_bytes(HEADER.encode() + b"\x93\xff\xfe garbage\n")
+    with pytest.raises(InputError) as caught:
+        _read(path)
+    assert str(caught.value) == f"{path}:2: not text: bytes that are not UTF-8"
+
+
+# --- streaming ----------------------------------------------------------------------------
+
+
+def _big_log(path: Path, rows: int) -> Path:
+    with path.open("w") as out:
+        out.write(HEADER)
+        for i in range(rows):
+            second = i // 8
+            out.write(
+                f"2026/06/24 {second // 3600:02d}:{second // 60 % 60:02d}:{second % 60:02d}"
+                f".{i % 1000:03d}, {i % 8}, {i % 101} %, {i % 80000} MiB\n"
+            )
+    return path
+
+
+def test_progress_reports_bytes_read(tmp_path: Path) -> None:
+    path = _big_log(tmp_path / "big.csv", 25_000)
+    seen: list[int] = []
+    count = sum(1 for _ in read_nvidia_smi(path, node="n", on_progress=seen.append))
+    assert count == 25_000
+    assert len(seen) == 3  # at lines 10,000 and 20,000, and at the end
+    assert seen == sorted(seen)
+    assert seen[-1] == path.stat().st_size
+
+
+def test_reads_lazily_in_constant_memory(tmp_path: Path) -> None:
+    path = _big_log(tmp_path / "big.csv", 30_000)
+    size = path.stat().st_size
+    tracemalloc.start()
+    try:
+        count = 0
+        for _ in read_nvidia_smi(path, node="n"):
+            count += 1
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert count == 30_000
+    assert peak < size / 2, (peak, size)
+
+
+def test_an_error_far_down_surfaces_only_when_reached(tmp_path: Path) -> None:
+    path = _write(tmp_path / "late.csv", HEADER + ROW * 3 + "garbage\n" + ROW)
+    rows = read_nvidia_smi(path, node="n")
+    assert next(rows)[1].util == 38.0
+    with pytest.raises(InputError, match=":5: "):
+        list(rows)
+
+
+# --- round trip ---------------------------------------------------------------------------
+
+DEFAULT_FIELDS = ["timestamp", "index", "utilization.gpu", "memory.used"]
+OPTIONAL = ("uuid", "name", "memory.total", "power.draw", "clocks.sm", "temperature.gpu",
+            "clocks_event_reasons.active", "pci.bus_id")  # fmt: skip
+UNITS = {"utilization.gpu": "%", "memory.used": "MiB", "memory.total": "MiB",
+         "power.draw": "W", "clocks.sm": "MHz"}  # fmt: skip
+MISSING = st.sampled_from(["[N/A]", "[Not Supported]", "[Unknown Error]"])
+
+
+Log = tuple[str, list[tuple[GpuRecord, GpuSample]], timezone]
+
+
+def _maybe(draw: st.DrawFn, values: st.SearchStrategy[float]) -> float | None:
+    return draw(st.none() | values)
+
+
+@st.composite
+def logs(draw: st.DrawFn) -> Log:
+    """A log nvidia-smi could write, and the records a reader must find in it."""
+    optional = draw(st.lists(st.sampled_from(OPTIONAL), unique=True))
+    fields = draw(st.permutations(DEFAULT_FIELDS))
+    for name in optional:
+        fields.insert(draw(st.integers(0, len(fields))), name)
+    header = draw(st.booleans()) or fields != DEFAULT_FIELDS
+    units = draw(st.booleans())
+    tz = timezone(timedelta(minutes=draw(st.integers(-12 * 60, 14 * 60))))
+    lines = []
+    if header:
+        lines.append(", ".join(f"{f} [{UNITS[f]}]" if f in UNITS else f for f in fields))
+    expected = []
+    for _ in range(draw(st.integers(1, 6))):
+        ts_ms = draw(st.integers(_ms(2000, 1, 1, 0, 0, 0), _ms(2099, 12, 31, 0, 0, 0)))
+        local = (
+            datetime(1970, 1, 1)
+            + timedelta(milliseconds=ts_ms)
+            + timedelta(minutes=tz.utcoffset(None) // timedelta(minutes=1))
+        )
+        index = draw(st.integers(0, 15))
+        uuid = f"GPU-{draw(st.uuids())}"
+        util = _maybe(draw, st.integers(0, 100).map(float))
+        used = _maybe(draw, st.integers(0, 200_000).map(float))
+        total = _maybe(draw, st.integers(0, 200_000).map(float))
+        power = _maybe(draw, st.integers(0, 100_000).map(lambda centiwatts: centiwatts / 100))
+        clock = _maybe(draw, st.integers(0, 3000).map(float))
+        temperature = _maybe(draw, st.integers(0, 110).map(float))
+        throttle = draw(st.none() | st.integers(0, 2**16).map("0x{:016X}".format))
+        model = draw(st.none() | st.sampled_from(["NVIDIA H200", "Tesla T4", "NVIDIA L40S"]))
+        rendered: dict[str, str | float | None] = {
+            "timestamp": local.strftime("%Y/%m/%d %H:%M:%S.") + f"{ts_ms % 1000:03d}",
+            "index": str(index),
+            "uuid": uuid,
+            "pci.bus_id": "00000000:83:00.0",
+            "name": model,
+            "utilization.gpu": util,
+            "memory.used": used,
+            "memory.total": total,
+            "power.draw": power,
+            "clocks.sm": clock,
+            "temperature.gpu": temperature,
+            "clocks_event_reasons.active": throttle,
+        }
+        cells = []
+        for f in fields:
+            value = rendered[f]
+            if value is None:
+                cells.append(draw(MISSING))
+            elif isinstance(value, float):
+                number = f"{value:.2f}" if f == "power.draw" else f"{value:.0f}"
+                cells.append(f"{number} {UNITS[f]}" if units and f in UNITS else number)
+            else:
+                cells.append(value)
+        lines.append(", ".join(cells))
+        gpu = uuid if "uuid" in fields else f"node-a/{index}"
+        total = total if "memory.total" in fields else None
+        expected.append(
+            (
+                GpuRecord(
+                    uuid=gpu,
+                    node="node-a",
+                    index=index,
+                    model=model if "name" in fields else None,
+                    memory_total_mib=total,
+                ),
+                GpuSample(
+                    gpu_uuid=gpu,
+                    ts_ms=ts_ms,
+                    util=util,
+                    memory_used_mib=used,
+                    memory_total_mib=total,
+                    power_w=power if "power.draw" in fields else None,
+                    sm_clock_mhz=clock if "clocks.sm" in fields else None,
+                    throttle_reasons=throttle if "clocks_event_reasons.active" in fields else None,
+                    temperature_c=temperature if "temperature.gpu" in fields else None,
+                ),
+            )
+        )
+    newline = draw(st.sampled_from(["\n", "\r\n"]))
+    return newline.join(lines) + newline, expected, tz
+
+
+@settings(max_examples=200, deadline=None)
+@given(log=logs())
+def test_written_logs_read_back_equal(tmp_path_factory: pytest.TempPathFactory, log: Log) -> None:
+    text, expected, tz = log
+    path = tmp_path_factory.mktemp("roundtrip") / "log.csv"
+    path.write_bytes(text.encode())
+    assert _read(path, tz=tz) == expected
