@@ -33,7 +33,9 @@ import_app = typer.Typer(
     help="Import GPU samples and pod records from files.", no_args_is_help=True
 )
 db_app = typer.Typer(help="Manage the database schema (Alembic migrations).", no_args_is_help=True)
+export_app = typer.Typer(help="Export audit results for other systems.", no_args_is_help=True)
 app.add_typer(import_app, name="import")
+app.add_typer(export_app, name="export")
 app.add_typer(db_app, name="db")
 
 
@@ -360,6 +362,37 @@ def report(
         if out is not None:
             try:
                 out.write_text(text, encoding="utf-8")
+            except OSError as e:
+                raise InputError(f"cannot write: {e.strerror}", file=str(out)) from e
+            return
+    typer.echo(text, nl=False)
+
+
+def last_week(now: datetime) -> str:
+    """The ISO week before the one `now` is in."""
+    year, week, _ = (now - timedelta(days=7)).isocalendar()
+    return f"{year}-W{week:02d}"
+
+
+@export_app.command("finance")
+def export_finance(
+    week: Annotated[
+        str,
+        typer.Option("--week", help="ISO week, e.g. 2026-W48, or 'last' for the previous week."),
+    ],
+    out: Annotated[
+        Path | None, typer.Option("--out", help="Write to this file instead of stdout.")
+    ] = None,
+) -> None:
+    """The weekly finance CSV: one row per team × GPU model, plus the platform rows."""
+    from auditor import jobs
+
+    with user_errors():
+        chosen = last_week(datetime.now(UTC)) if week == "last" else week
+        text = jobs.export_finance(state.db_url, week=chosen, config=state.config())
+        if out is not None:
+            try:
+                out.write_text(text, encoding="utf-8", newline="")
             except OSError as e:
                 raise InputError(f"cannot write: {e.strerror}", file=str(out)) from e
             return

@@ -401,3 +401,26 @@ def truth_check(rows: pd.DataFrame, truth: pd.DataFrame) -> str:
             f"  {c.value:<16}{float(true.get(c.value, 0.0)):>10.2f}{audited[c.value]:>10.2f}"
         )
     return "\n".join(lines) + "\n"
+
+
+def export_finance(url: str, *, week: str, config: Config) -> str:
+    """The finance CSV of one ISO week, from the stored audit runs that cover it exactly."""
+    from auditor.report.finance import finance_rows, parse_week, render_finance_csv
+    from auditor.report.windows import choose_runs
+    from auditor.store import reads
+
+    wk = parse_week(week)
+    engine = open_store(url)
+    with engine.connect() as conn:
+        runs = reads.runs_in_window(conn, start_ms=wk.start_ms, end_ms=wk.end_ms)
+        choice = choose_runs(runs, start_ms=wk.start_ms, end_ms=wk.end_ms)
+        if choice.missing:
+            a, b = choice.missing[0]
+            raise InputError(
+                f"week {wk.label} is not fully audited: nothing covers {_iso(a)} to {_iso(b)}; "
+                f"run `auditor audit --start {_iso(a)} --end {_iso(b)}`",
+                field="--week",
+            )
+        results = reads.read_results(conn, choice.run_ids)
+    rows = finance_rows(results, week=wk, prices=config.prices, cost_centres=config.cost_centres)
+    return render_finance_csv(rows)

@@ -80,11 +80,27 @@ class TeamRules:
 
 
 @dataclass(frozen=True, slots=True)
+class Prices:
+    """GPU price per hour by GPU model (the model name as nvidia-smi/NVML print it)."""
+
+    default: float = 0.0
+    """Price of a GPU-hour of any model not listed."""
+    by_model: dict[str, float] = field(default_factory=dict)
+    currency: str = "USD"
+
+    def for_model(self, model: str | None) -> float:
+        return self.by_model.get(model or "", self.default)
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     """Everything a config file can set."""
 
     thresholds: Thresholds = field(default_factory=Thresholds)
     teams: TeamRules = field(default_factory=TeamRules)
+    prices: Prices = field(default_factory=Prices)
+    cost_centres: dict[str, str] = field(default_factory=dict)
+    """Team -> cost centre, for the finance export."""
 
 
 def default_db_url(cwd: Path | None = None) -> str:
@@ -96,7 +112,10 @@ def default_db_url(cwd: Path | None = None) -> str:
 
 
 def load_config(path: Path | None) -> Config:
-    """Read a TOML config file (or `AUDITOR_CONFIG`); defaults when there is none."""
+    """Read a TOML config file (or `AUDITOR_CONFIG`); defaults when there is none.
+
+    Every key is validated on load; a bad one is a ConfigError naming the file and the key.
+    """
     if path is None:
         env = os.environ.get(CONFIG_ENV)
         path = Path(env) if env else None
@@ -105,27 +124,68 @@ def load_config(path: Path | None) -> Config:
     name = str(path)
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError as e:
+    except (FileNotFoundError, IsADirectoryError) as e:
         raise ConfigError("config file does not exist", file=name) from e
+    except UnicodeDecodeError as e:
+        raise ConfigError("config file is not UTF-8 text", file=name) from e
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"not valid TOML: {e}", file=name) from e
-    unknown = set(raw) - {"thresholds", "teams"}
-    if unknown:
-        raise ConfigError("unknown section", file=name, field=sorted(unknown)[0])
-    thresholds = Thresholds().updated(dict(raw.get("thresholds", {})), source=name)
-    teams_raw = dict(raw.get("teams", {}))
-    known_team_keys = {"label", "annotation", "namespaces"}
-    for key in teams_raw:
-        if key not in known_team_keys:
-            raise ConfigError("unknown key in [teams]", file=name, field=f"teams.{key}")
-    namespaces = teams_raw.get("namespaces", {})
-    if not isinstance(namespaces, dict) or not all(isinstance(v, str) for v in namespaces.values()):
-        raise ConfigError(
-            "must be a table of namespace = team", file=name, field="teams.namespaces"
-        )
+    _known(raw, {"currency", "thresholds", "teams", "prices", "cost_centres"}, name, "")
+    thresholds = Thresholds().updated(_table(raw, "thresholds", name), source=name)
+    teams_raw = _table(raw, "teams", name)
+    _known(teams_raw, {"label", "annotation", "namespaces"}, name, "teams.")
     teams = TeamRules(
-        label=str(teams_raw.get("label", "team")),
-        annotation=str(teams_raw.get("annotation", "team")),
-        namespace_teams=dict(namespaces),
+        label=_text(teams_raw, "label", name, "teams.", default="team"),
+        annotation=_text(teams_raw, "annotation", name, "teams.", default="team"),
+        namespace_teams=_text_map(teams_raw.get("namespaces", {}), name, "teams.namespaces"),
     )
-    return Config(thresholds=thresholds, teams=teams)
+    prices_raw = _table(raw, "prices", name)
+    by_model: dict[str, float] = {}
+    for model, value in prices_raw.items():
+        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+            raise ConfigError(
+                f"must be a price per GPU-hour (a number >= 0), not {value!r}",
+                file=name,
+                field=f"prices.{model}",
+            )
+        by_model[model] = float(value)
+    default_price = by_model.pop("default", 0.0)
+    currency = _text(raw, "currency", name, "", default="USD")
+    return Config(
+        thresholds=thresholds,
+        teams=teams,
+        prices=Prices(default=default_price, by_model=by_model, currency=currency),
+        cost_centres=_text_map(raw.get("cost_centres", {}), name, "cost_centres"),
+    )
+
+
+def _known(table: dict[str, Any], keys: set[str], name: str, prefix: str) -> None:
+    unknown = sorted(set(table) - keys)
+    if unknown:
+        raise ConfigError(
+            f"unknown key (known: {', '.join(sorted(keys))})",
+            file=name,
+            field=f"{prefix}{unknown[0]}",
+        )
+
+
+def _table(raw: dict[str, Any], key: str, name: str) -> dict[str, Any]:
+    value = raw.get(key, {})
+    if not isinstance(value, dict):
+        raise ConfigError("must be a table", file=name, field=key)
+    return dict(value)
+
+
+def _text(table: dict[str, Any], key: str, name: str, prefix: str, *, default: str) -> str:
+    value = table.get(key, default)
+    if not isinstance(value, str) or not value:
+        raise ConfigError(
+            f"must be a non-empty string, not {value!r}", file=name, field=f"{prefix}{key}"
+        )
+    return value
+
+
+def _text_map(value: Any, name: str, key: str) -> dict[str, str]:
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        raise ConfigError('must be a table of name = "text"', file=name, field=key)
+    return dict(value)

@@ -23,6 +23,7 @@ COMMANDS: list[list[str]] = [
     ["import", "pods"],
     ["audit"],
     ["report"],
+    ["export", "finance"],
     ["simulate"],
     ["demo"],
     ["db", "upgrade"],

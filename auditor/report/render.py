@@ -47,7 +47,7 @@ def render_json(report: Report) -> str:
 
 def render_csv(report: Report) -> str:
     buf = io.StringIO()
-    writer = csv.writer(buf, lineterminator="\n")
+    writer = csv.writer(buf, lineterminator="\r\n")
     writer.writerow(list(report.rows.columns))
     for rec in _records(report.rows):
         writer.writerow(["" if v is None else v for v in rec.values()])

@@ -1,0 +1,159 @@
+"""The weekly finance CSV (SPEC §4): one row per team × GPU model, plus the platform's rows.
+
+Hours carry 4 decimals and money 2. Each column is rounded by the largest-remainder method,
+so a column of the file sums exactly to the rounded total of the same column unrounded: the
+file reconciles with `auditor report` for the week, and all rows' `allocated_cost` with the
+fleet's capacity × price (the platform rows are charged the capacity no pod held).
+Text cells are neutralised against spreadsheet formula injection.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
+
+import numpy as np
+import pandas as pd
+
+from auditor.errors import InputError
+from auditor.model import CATEGORIES, PLATFORM_TEAM, SCHEDULING_WASTE, WasteCategory
+from auditor.settings import Prices
+
+COLUMNS = [
+    "week", "week_start", "week_end", "team", "cost_centre", "gpu_model",
+    "allocated_gpu_hours", "busy_gpu_hours", "reserved_idle_gpu_hours", "startup_gpu_hours",
+    "teardown_gpu_hours", "checkpoint_gpu_hours", "straggler_wait_gpu_hours",
+    "compute_idle_gpu_hours", "unobserved_gpu_hours", "unallocated_gpu_hours",
+    "scheduling_waste_gpu_hours", "price_per_gpu_hour", "allocated_cost",
+    "scheduling_waste_cost", "compute_idle_cost", "currency",
+]  # fmt: skip
+TEXT_COLUMNS = ("week", "week_start", "week_end", "team", "cost_centre", "gpu_model", "currency")
+HOURS_DECIMALS = 4
+MONEY_DECIMALS = 2
+PRICE_DECIMALS = 4
+UNKNOWN_MODEL = "(unknown)"
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+@dataclass(frozen=True)
+class Week:
+    label: str
+    start_ms: int
+    end_ms: int
+
+    @property
+    def start_iso(self) -> str:
+        return datetime.fromtimestamp(self.start_ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    @property
+    def end_iso(self) -> str:
+        return datetime.fromtimestamp(self.end_ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_week(text: str) -> Week:
+    """`2026-W48` → that ISO week, Monday 00:00 UTC to the next Monday 00:00 UTC."""
+    m = re.fullmatch(r"(\d{4})-W(\d{2})", text.strip())
+    if not m:
+        raise InputError(f"not an ISO week like 2026-W48: {text!r}", field="--week")
+    try:
+        monday = date.fromisocalendar(int(m.group(1)), int(m.group(2)), 1)
+    except ValueError:
+        raise InputError(f"no such ISO week: {text!r}", field="--week") from None
+    start = datetime(monday.year, monday.month, monday.day, tzinfo=UTC)
+    end = start + timedelta(days=7)
+    label = f"{m.group(1)}-W{m.group(2)}"
+    return Week(label, int(start.timestamp() * 1000), int(end.timestamp() * 1000))
+
+
+def neutralise(text: str) -> str:
+    """Prefix a cell a spreadsheet would read as a formula with an apostrophe (OWASP)."""
+    return "'" + text if text.startswith(_FORMULA_START) else text
+
+
+def round_column(values: np.ndarray, decimals: int) -> np.ndarray:
+    """Round so that the rounded values sum to the rounded sum (largest remainder)."""
+    if len(values) == 0:
+        return values.astype(float)
+    scale = 10.0**decimals
+    scaled = values.astype(float) * scale
+    floor = np.floor(scaled)
+    short = int(np.rint(scaled.sum() - floor.sum()))
+    order = np.lexsort((np.arange(len(values)), -(scaled - floor)))
+    floor[order[:short]] += 1
+    return np.round(floor / scale, decimals)
+
+
+def finance_rows(
+    results: pd.DataFrame,
+    *,
+    week: Week,
+    prices: Prices,
+    cost_centres: dict[str, str],
+) -> pd.DataFrame:
+    """One row per team × GPU model, platform rows last; numbers rounded, text neutralised."""
+    frame = results.assign(
+        team=results["team"].where(results["pod_uid"].notna(), PLATFORM_TEAM),
+        gpu_model=results["gpu_model"].fillna(UNKNOWN_MODEL),
+        hours=results["seconds"] / 3600.0,
+    )
+    hours = frame.pivot_table(
+        index=["team", "gpu_model"],
+        columns="category",
+        values="hours",
+        aggfunc="sum",
+        fill_value=0.0,
+    )
+    for cat in CATEGORIES:
+        if cat.value not in hours.columns:
+            hours[cat.value] = 0.0
+    hours = hours.reset_index()
+    platform = hours["team"] == PLATFORM_TEAM
+    hours["_platform"] = platform.astype(int)
+    hours = hours.sort_values(["_platform", "team", "gpu_model"]).reset_index(drop=True)
+    out = pd.DataFrame({"team": hours["team"], "gpu_model": hours["gpu_model"]})
+    for cat in CATEGORIES:
+        out[f"{cat.value}_gpu_hours"] = round_column(hours[cat.value].to_numpy(), HOURS_DECIMALS)
+    # teams are charged what their pods held; the platform the capacity no pod held
+    exact_allocated = hours[[c.value for c in CATEGORIES]].sum(axis=1).to_numpy()
+    out["allocated_gpu_hours"] = round_column(exact_allocated, HOURS_DECIMALS)
+    out["scheduling_waste_gpu_hours"] = np.round(
+        out[[f"{c.value}_gpu_hours" for c in SCHEDULING_WASTE]].sum(axis=1), HOURS_DECIMALS
+    )
+    price = np.array([prices.for_model(m) for m in hours["gpu_model"]], dtype=float)
+    out["price_per_gpu_hour"] = np.round(price, PRICE_DECIMALS)
+    waste_exact = hours[[c.value for c in SCHEDULING_WASTE]].sum(axis=1).to_numpy()
+    idle_exact = hours[WasteCategory.COMPUTE_IDLE.value].to_numpy()
+    out["allocated_cost"] = round_column(exact_allocated * price, MONEY_DECIMALS)
+    out["scheduling_waste_cost"] = round_column(waste_exact * price, MONEY_DECIMALS)
+    out["compute_idle_cost"] = round_column(idle_exact * price, MONEY_DECIMALS)
+    out["week"] = week.label
+    out["week_start"] = week.start_iso
+    out["week_end"] = week.end_iso
+    out["cost_centre"] = [
+        "" if t == PLATFORM_TEAM else cost_centres.get(str(t), "") for t in out["team"]
+    ]
+    out["currency"] = prices.currency
+    return out[COLUMNS]
+
+
+def render_finance_csv(rows: pd.DataFrame) -> str:
+    """The CSV text (RFC 4180, CRLF): fixed precision, neutralised text, stable order."""
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\r\n")
+    writer.writerow(COLUMNS)
+    decimals = {c: HOURS_DECIMALS for c in COLUMNS if c.endswith("_gpu_hours")}
+    decimals.update({c: MONEY_DECIMALS for c in COLUMNS if c.endswith("_cost")})
+    decimals["price_per_gpu_hour"] = PRICE_DECIMALS
+    for rec in rows.to_dict("records"):
+        cells: list[str] = []
+        for col in COLUMNS:
+            value = rec[col]
+            if col in decimals:
+                cells.append(f"{float(value):.{decimals[col]}f}")
+            else:
+                cells.append(neutralise(str(value)))
+        writer.writerow(cells)
+    return buf.getvalue()
