@@ -90,6 +90,18 @@ def test_pod_observations_merge_without_erasing_times(engine: Engine) -> None:
     assert row["labels"] == {"team": "nlp"}
 
 
+def test_restart_does_not_move_the_start_later(engine: Engine) -> None:
+    # a container status remembers only its previous run: a later observation after
+    # restarts reports a later start, which must not replace the first one
+    with engine.begin() as conn:
+        upsert_pods(conn, [_pod(started_ms=3_000)])
+    with engine.begin() as conn:
+        upsert_pods(conn, [_pod(started_ms=8_000, bound_ms=2_500), _pod(started_ms=9_000)])
+    with engine.connect() as conn:
+        row = conn.execute(select(pods)).mappings().one()
+    assert (row["bound_ms"], row["started_ms"]) == (2_000, 3_000)
+
+
 def test_reimport_of_the_same_pods_changes_nothing(engine: Engine) -> None:
     records = [_pod(), _pod(uid="u-2", name="train-1", rank=1)]
     with engine.begin() as conn:

@@ -108,26 +108,47 @@ def insert_samples(
 
 
 def _merge_pod(old: PodRecord | None, new: PodRecord) -> PodRecord:
-    """Later observations win for state; times are filled in, never erased."""
+    """Later observations win for state; times are filled in, never erased.
+
+    Created, bound and started keep the earliest value seen: a container status remembers
+    only its previous run, so after restarts a later observation reports a later start.
+    """
     if old is None:
         return new
+
     def pick(name: str) -> Any:
         value = getattr(new, name)
         return value if value is not None else getattr(old, name)
 
+    def earliest(name: str) -> Any:
+        values = [v for v in (getattr(old, name), getattr(new, name)) if v is not None]
+        return min(values) if values else None
+
     return replace(
         new,
         node=pick("node"),
-        created_ms=pick("created_ms"),
-        bound_ms=pick("bound_ms"),
-        started_ms=pick("started_ms"),
+        created_ms=earliest("created_ms"),
+        bound_ms=earliest("bound_ms"),
+        started_ms=earliest("started_ms"),
         finished_ms=pick("finished_ms"),
         deleted_ms=pick("deleted_ms"),
         rank=pick("rank"),
     )
 
 
-_TIME_COLUMNS = ("created_ms", "bound_ms", "started_ms", "finished_ms", "deleted_ms")
+_EARLIEST_COLUMNS = ("created_ms", "bound_ms", "started_ms")
+_LATEST_FILLED_COLUMNS = ("finished_ms", "deleted_ms", "node", "rank")
+
+
+def _least(conn: Connection, new: Any, old: Any) -> Any:
+    """The smaller of two nullable values (NULL only when both are)."""
+    a, b = func.coalesce(new, old), func.coalesce(old, new)
+    return func.min(a, b) if conn.dialect.name == "sqlite" else func.least(a, b)
+
+
+def _greatest(conn: Connection, new: Any, old: Any) -> Any:
+    a, b = func.coalesce(new, old), func.coalesce(old, new)
+    return func.max(a, b) if conn.dialect.name == "sqlite" else func.greatest(a, b)
 
 
 def upsert_pods(conn: Connection, records: Iterable[PodRecord]) -> int:
@@ -138,9 +159,8 @@ def upsert_pods(conn: Connection, records: Iterable[PodRecord]) -> int:
     if not merged:
         return 0
     stmt = _upsert(conn, pods)
-    keep_old = {
-        c: func.coalesce(stmt.excluded[c], pods.c[c]) for c in (*_TIME_COLUMNS, "node", "rank")
-    }
+    keep_old = {c: _least(conn, stmt.excluded[c], pods.c[c]) for c in _EARLIEST_COLUMNS}
+    keep_old |= {c: func.coalesce(stmt.excluded[c], pods.c[c]) for c in _LATEST_FILLED_COLUMNS}
     replace_cols = (
         "namespace",
         "name",
@@ -204,12 +224,12 @@ def upsert_assignments(
     stmt = stmt.on_conflict_do_update(
         index_elements=[gpu_assignments.c.pod_uid, gpu_assignments.c.gpu_id],
         set_={
-            "first_seen_ms": func.min(stmt.excluded.first_seen_ms, gpu_assignments.c.first_seen_ms)
-            if conn.dialect.name == "sqlite"
-            else func.least(stmt.excluded.first_seen_ms, gpu_assignments.c.first_seen_ms),
-            "last_seen_ms": func.max(stmt.excluded.last_seen_ms, gpu_assignments.c.last_seen_ms)
-            if conn.dialect.name == "sqlite"
-            else func.greatest(stmt.excluded.last_seen_ms, gpu_assignments.c.last_seen_ms),
+            "first_seen_ms": _least(
+                conn, stmt.excluded.first_seen_ms, gpu_assignments.c.first_seen_ms
+            ),
+            "last_seen_ms": _greatest(
+                conn, stmt.excluded.last_seen_ms, gpu_assignments.c.last_seen_ms
+            ),
         },
     )
     conn.execute(
