@@ -171,6 +171,21 @@ def file_progress(path: Path, label: str) -> Iterator[Callable[[int], None] | No
         yield lambda n: bar.update(task, completed=n)
 
 
+def write_atomically(path: Path, text: str) -> None:
+    """Write via a temporary file and rename, so readers (node-exporter's textfile
+    collector, a mail job) never see half a file."""
+    import os
+
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with tmp.open("w", encoding="utf-8", newline="") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise InputError(f"cannot write: {e.strerror}", file=str(path)) from e
+
+
 # ---------------------------------------------------------------- import
 
 
@@ -318,6 +333,7 @@ class Format(StrEnum):
     TABLE = "table"
     JSON = "json"
     CSV = "csv"
+    PROMETHEUS = "prometheus"
 
 
 class By(StrEnum):
@@ -344,6 +360,7 @@ def report(
 ) -> None:
     """GPU-hours per category and group, shares, utilisation spread, top offenders."""
     from auditor import jobs
+    from auditor.report.prometheus import render_prometheus
     from auditor.report.render import render_csv, render_json, render_table
     from auditor.report.summary import GroupBy
 
@@ -356,14 +373,15 @@ def report(
             by=GroupBy(by.value),
             team=team,
         )
-        text = {Format.TABLE: render_table, Format.JSON: render_json, Format.CSV: render_csv}[fmt](
-            rep
-        )
+        renderers = {
+            Format.TABLE: render_table,
+            Format.JSON: render_json,
+            Format.CSV: render_csv,
+            Format.PROMETHEUS: render_prometheus,
+        }
+        text = renderers[fmt](rep)
         if out is not None:
-            try:
-                out.write_text(text, encoding="utf-8")
-            except OSError as e:
-                raise InputError(f"cannot write: {e.strerror}", file=str(out)) from e
+            write_atomically(out, text)
             return
     typer.echo(text, nl=False)
 
@@ -391,10 +409,7 @@ def export_finance(
         chosen = last_week(datetime.now(UTC)) if week == "last" else week
         text = jobs.export_finance(state.db_url, week=chosen, config=state.config())
         if out is not None:
-            try:
-                out.write_text(text, encoding="utf-8", newline="")
-            except OSError as e:
-                raise InputError(f"cannot write: {e.strerror}", file=str(out)) from e
+            write_atomically(out, text)
             return
     typer.echo(text, nl=False)
 

@@ -41,6 +41,15 @@ def _records(rows: pd.DataFrame) -> list[dict[str, Any]]:
     return [{str(k): _clean(v) for k, v in rec.items()} for rec in rows.to_dict("records")]
 
 
+def group_keys(rows: pd.DataFrame) -> list[str]:
+    """The grouping columns of report rows (team, namespace, job, pod, node, gpu)."""
+    return [
+        c
+        for c in rows.columns
+        if not c.endswith(("_gpu_hours", "_share")) and not c.startswith(("util_", "straggler_"))
+    ]
+
+
 def render_json(report: Report) -> str:
     return json.dumps(_records(report.rows), indent=2) + "\n"
 
