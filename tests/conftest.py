@@ -1,0 +1,51 @@
+"""Fixtures shared by every test module.
+
+PostgreSQL ones (the server itself lives in tests/pgserver.py, imported as `pgserver`:
+pytest puts this directory on sys.path, as it holds conftest.py and no __init__.py):
+- `pg_server`: one throwaway server for the whole session, started on first use.
+- `pg_url`: a database `auditor_test` in it, shared by the session.
+- `pg_db_url`: a fresh empty database for one test, dropped afterwards.
+- `db_url`: parametrised over "sqlite" (a file in tmp_path) and "postgresql" (`pg_db_url`),
+  so one test runs against both stores; the PostgreSQL case carries the `postgres` mark.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pgserver import PgServer, new_database_name, start_server
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[PgServer]:
+    server = start_server()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def pg_url(pg_server: PgServer) -> str:
+    pg_server.admin("CREATE DATABASE auditor_test")
+    return pg_server.url("auditor_test")
+
+
+@pytest.fixture
+def pg_db_url(pg_server: PgServer) -> Iterator[str]:
+    name = new_database_name()
+    pg_server.admin(f"CREATE DATABASE {name}")
+    yield pg_server.url(name)
+    pg_server.admin(f"DROP DATABASE {name} WITH (FORCE)")
+
+
+@pytest.fixture(
+    params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)],
+)
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'auditor.db'}"
+    url: str = request.getfixturevalue("pg_db_url")
+    return url

@@ -1,0 +1,175 @@
+"""Migrations on SQLite and a real PostgreSQL: round trip, no drift, version checks."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine, inspect, text
+
+from auditor.errors import StoreError
+from auditor.store import migrate
+from auditor.store.engine import make_engine
+from auditor.store.schema import metadata
+
+ROOT = Path(__file__).resolve().parent.parent
+SCHEMA_TABLES = set(metadata.tables)
+
+
+@pytest.fixture
+def engine(db_url: str) -> Iterator[Engine]:
+    eng = make_engine(db_url)
+    yield eng
+    eng.dispose()
+
+
+def tables(engine: Engine) -> set[str]:
+    return set(inspect(engine).get_table_names()) - {"alembic_version"}
+
+
+def test_upgrade_downgrade_upgrade_round_trip(engine: Engine) -> None:
+    assert tables(engine) == set()
+
+    migrate.upgrade(engine)
+    assert tables(engine) == SCHEMA_TABLES
+    assert migrate.current(engine) == migrate.head()
+
+    migrate.downgrade(engine, "base")
+    assert tables(engine) == set()
+    assert migrate.current(engine) is None
+
+    migrate.upgrade(engine, "head")
+    assert tables(engine) == SCHEMA_TABLES
+    assert migrate.current(engine) == migrate.head()
+
+
+def test_migrated_database_matches_the_schema(engine: Engine) -> None:
+    migrate.upgrade(engine)
+
+    assert migrate.check_drift(engine) == []
+
+
+def test_drift_check_sees_a_missing_index(engine: Engine) -> None:
+    migrate.upgrade(engine)
+    with engine.begin() as conn:
+        conn.execute(text("DROP INDEX ix_pods_node_bound"))
+
+    drift = migrate.check_drift(engine)
+
+    assert len(drift) == 1
+    assert "ix_pods_node_bound" in drift[0]
+
+
+def test_constraint_names_follow_the_naming_convention(engine: Engine) -> None:
+    migrate.upgrade(engine)
+    insp = inspect(engine)
+
+    assert {fk["name"] for fk in insp.get_foreign_keys("gpu_assignments")} == {
+        "fk_gpu_assignments_pod_uid_pods",
+        "fk_gpu_assignments_gpu_id_gpus",
+    }
+    assert [uq["name"] for uq in insp.get_unique_constraints("gpus")] == ["uq_gpus_uuid"]
+
+
+def test_upgrade_takes_a_url_and_creates_a_fresh_sqlite_file(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/fresh.db"
+
+    migrate.upgrade(url)
+
+    assert migrate.current(url) == migrate.head()
+    migrate.ensure_current(url)
+
+
+def test_ensure_current_refuses_an_empty_database(engine: Engine) -> None:
+    with pytest.raises(StoreError, match=r"auditor db upgrade") as raised:
+        migrate.ensure_current(engine)
+
+    assert migrate.head() in str(raised.value)
+    assert raised.value.exit_code == 3
+
+
+def test_ensure_current_accepts_a_migrated_database(engine: Engine) -> None:
+    migrate.upgrade(engine)
+
+    migrate.ensure_current(engine)
+
+
+def test_ensure_current_refuses_a_database_from_a_newer_auditor(engine: Engine) -> None:
+    migrate.upgrade(engine)
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE alembic_version SET version_num = 'ffff'"))
+
+    with pytest.raises(StoreError, match=r"newer than this auditor"):
+        migrate.ensure_current(engine)
+
+
+def test_the_alembic_command_line_runs_the_same_scripts(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    ini = ROOT / "migrations" / "alembic.ini"
+    alembic = Path(sys.executable).parent / "alembic"
+
+    done = subprocess.run(
+        [str(alembic), "-c", str(ini), "-x", f"url={url}", "upgrade", "head"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=120,
+        check=False,
+    )
+
+    assert done.returncode == 0, done.stderr
+    assert migrate.current(url) == migrate.head()
+
+
+def test_the_wheel_ships_every_migration_file() -> None:
+    with (ROOT / "pyproject.toml").open("rb") as f:
+        globs = tomllib.load(f)["tool"]["setuptools"]["package-data"]["auditor"]
+    package = ROOT / "auditor"
+    files = [
+        p.relative_to(package)
+        for p in (package / "migrations").rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts
+    ]
+
+    assert files
+    unshipped = [str(f) for f in files if not any(f.match(g) for g in globs)]
+    assert unshipped == []
+
+
+def test_concurrent_upgrades_in_one_process_take_turns(db_url: str) -> None:
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        for future in [pool.submit(migrate.upgrade, db_url) for _ in range(4)]:
+            future.result()
+
+    assert migrate.current(db_url) == migrate.head()
+
+
+def test_concurrent_upgrades_from_many_processes_take_turns(db_url: str) -> None:
+    """The pods of a sharded audit may all run `auditor db upgrade` at the same moment."""
+    script = "import sys; from auditor.store import migrate; migrate.upgrade(sys.argv[1])"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", script, db_url],
+            cwd=ROOT,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(4)
+    ]
+    failures = []
+    for proc in procs:
+        _out, err = proc.communicate(timeout=120)
+        if proc.returncode != 0:
+            failures.append(err)
+
+    assert not failures, "\n".join(failures)
+    assert migrate.current(db_url) == migrate.head()
+    assert migrate.check_drift(db_url) == []
