@@ -77,8 +77,8 @@ def root(
             "--db",
             envvar=DB_URL_ENV,
             show_envvar=True,
-            help="Database URL (sqlite:///FILE or postgresql://...). "
-            "Default: auditor.db in the working directory.",
+            help="Database URL (sqlite:///FILE or postgresql://...). Default: the URL in the "
+            "file AUDITOR_DB_URL_FILE names, else auditor.db in the working directory.",
         ),
     ] = None,
     config: Annotated[
@@ -95,7 +95,11 @@ def root(
     ] = False,
 ) -> None:
     """GPU scheduling-waste auditor."""
-    state.db_url = db or default_db_url()
+    try:
+        state.db_url = db or default_db_url()
+    except AuditorError as e:
+        typer.echo(f"auditor: error: {e}", err=True)
+        raise typer.Exit(e.exit_code) from None
     state.config_path = config
 
 
@@ -296,6 +300,33 @@ def _thresholds(config: Config, overrides: list[str]) -> Config:
     return replace(config, thresholds=config.thresholds.updated(values, source="--threshold"))
 
 
+def parse_day(text: str, *, now: datetime) -> tuple[int, int]:
+    """`YYYY-MM-DD` or `yesterday`/`today` → that UTC day, so daily runs chain exactly."""
+    from datetime import date
+
+    if text in ("yesterday", "today"):
+        day = now.date() - timedelta(days=1 if text == "yesterday" else 0)
+    else:
+        try:
+            day = date.fromisoformat(text)
+        except ValueError:
+            raise InputError(
+                f"not a day like 2026-11-23 or 'yesterday': {text!r}", field="--day"
+            ) from None
+    start = datetime(day.year, day.month, day.day, tzinfo=UTC)
+    return int(start.timestamp() * 1000), int((start + timedelta(days=1)).timestamp() * 1000)
+
+
+def parse_shard(text: str | None) -> tuple[int, int] | None:
+    """`i/N` with 0 <= i < N."""
+    if text is None:
+        return None
+    m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text)
+    if not m or not 0 <= int(m.group(1)) < int(m.group(2)):
+        raise InputError(f"expected i/N with 0 <= i < N, got {text!r}", field="--shard")
+    return int(m.group(1)), int(m.group(2))
+
+
 @app.command()
 def audit(
     start: Annotated[
@@ -305,6 +336,19 @@ def audit(
     since: Annotated[
         str | None,
         typer.Option("--since", help="Window of this length ending now (or at --end): 7d, 12h."),
+    ] = None,
+    day: Annotated[
+        str | None,
+        typer.Option(
+            "--day", help="One UTC day: YYYY-MM-DD, 'yesterday' or 'today' (for daily CronJobs)."
+        ),
+    ] = None,
+    shard: Annotated[
+        str | None,
+        typer.Option(
+            "--shard",
+            help="Audit only the nodes of shard i of N (i/N), e.g. $(JOB_COMPLETION_INDEX)/4.",
+        ),
     ] = None,
     threshold: Annotated[
         list[str],
@@ -320,8 +364,14 @@ def audit(
 
     with user_errors():
         config = _thresholds(state.config(), threshold)
+        if day is not None:
+            if start is not None or end is not None or since is not None:
+                raise InputError("give --day alone, without --start/--end/--since", field="--day")
+            window: tuple[int, int] | None = parse_day(day, now=datetime.now(UTC))
+        else:
+            window = parse_window(start, end, since)
         stats = jobs.audit(
-            state.db_url, window=parse_window(start, end, since), thresholds=config.thresholds
+            state.db_url, window=window, thresholds=config.thresholds, shard=parse_shard(shard)
         )
     typer.echo(
         f"audit run {stats.run_id}: {stats.gpus} GPUs, {stats.samples} samples, "
@@ -412,6 +462,89 @@ def export_finance(
             write_atomically(out, text)
             return
     typer.echo(text, nl=False)
+
+
+# ---------------------------------------------------------------- node sampler
+
+
+@app.command()
+def sample(
+    node: Annotated[
+        str | None,
+        typer.Option(
+            "--node",
+            envvar="NODE_NAME",
+            show_envvar=True,
+            help="This node's name (default: the host name).",
+        ),
+    ] = None,
+    buffer_dir: Annotated[
+        Path,
+        typer.Option(
+            "--buffer-dir",
+            envvar="AUDITOR_BUFFER_DIR",
+            show_envvar=True,
+            help="Directory of the on-disk buffer that keeps passes while the database is down.",
+        ),
+    ] = Path("/var/lib/auditor"),
+    period: Annotated[
+        float, typer.Option("--period", min=0.1, help="Seconds between passes over the GPUs.")
+    ] = 5.0,
+    flush_every: Annotated[
+        float,
+        typer.Option("--flush-every", min=0.0, help="Seconds between writes to the database."),
+    ] = 30.0,
+    max_buffered: Annotated[
+        int,
+        typer.Option(
+            "--max-buffered",
+            min=1,
+            help="Most passes kept while the database is down; the oldest are dropped and counted.",
+        ),
+    ] = 17_280,
+    pod_resources: Annotated[
+        Path | None,
+        typer.Option(
+            "--pod-resources", help="The kubelet's pod-resources socket (GPU -> pod mapping)."
+        ),
+    ] = Path("/var/lib/kubelet/pod-resources/kubelet.sock"),
+    no_pod_resources: Annotated[
+        bool, typer.Option("--no-pod-resources", help="Record no GPU -> pod mapping.")
+    ] = False,
+    metrics_port: Annotated[
+        int,
+        typer.Option(
+            "--metrics-port", help="Port of /metrics and /healthz (0: any free port, -1: none)."
+        ),
+    ] = 9402,
+    metrics_host: Annotated[
+        str, typer.Option("--metrics-host", help="Address /metrics and /healthz listen on.")
+    ] = "0.0.0.0",
+    passes: Annotated[
+        int | None,
+        typer.Option(
+            "--passes", min=1, help="Stop after this many passes (default: run until stopped)."
+        ),
+    ] = None,
+) -> None:
+    """Sample this node's GPUs through NVML and record which pod holds each (the DaemonSet)."""
+    import socket
+
+    from auditor import jobs
+
+    with user_errors():
+        options = jobs.SampleOptions(
+            node=node or socket.gethostname(),
+            buffer_dir=buffer_dir,
+            period_s=period,
+            flush_every_s=flush_every,
+            max_buffered_passes=max_buffered,
+            pod_resources_socket=None if no_pod_resources else pod_resources,
+            metrics_host=metrics_host,
+            metrics_port=None if metrics_port < 0 else metrics_port,
+            max_passes=passes,
+        )
+        jobs.sample(state.db_url, options, log=lambda m: typer.echo(m, err=True))
 
 
 # ---------------------------------------------------------------- simulate and demo

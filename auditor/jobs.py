@@ -163,14 +163,27 @@ def data_window(url: str, *, period_s: float) -> tuple[int, int]:
     return span[0], span[1] + int(period_s * 1000)
 
 
+def shard_of(node: str, shards: int) -> int:
+    """The shard a node belongs to: a stable hash, the same in every process and release."""
+    import zlib
+
+    return zlib.crc32(node.encode("utf-8")) % shards
+
+
 def audit(
     url: str,
     *,
     window: tuple[int, int] | None,
     thresholds: Thresholds,
+    shard: tuple[int, int] | None = None,
     now_ms: int | None = None,
 ) -> AuditStats:
-    """Classify a window and store it as an audit run, replacing a run of the same window."""
+    """Classify a window and store it as an audit run, replacing the runs it supersedes.
+
+    With `shard=(i, n)` only the cards of the nodes in shard i are classified and stored; the
+    cards of their gangs on other nodes are read as context, so the N shards together store
+    exactly what one unsharded run would.
+    """
     from auditor.classify.engine import Window, classify
     from auditor.classify.tenures import build_tenures
     from auditor.store import reads
@@ -187,20 +200,36 @@ def audit(
         gpus = reads.read_gpus(conn)
         pods = reads.read_pods(conn)
         assignments = reads.read_assignments(conn)
-        tenures = build_tenures(
-            pods, gpus.rename(columns={"id": "gpu_id"}), assignments, now_ms=end_ms
-        )
+        tenures = build_tenures(pods, gpus, assignments, now_ms=end_ms)
+        own = set(gpus["uuid"])
+        if shard is not None:
+            own = {
+                u
+                for u, n in zip(gpus["uuid"], gpus["node"], strict=True)
+                if shard_of(str(n), shard[1]) == shard[0]
+            }
+            gangs = set(tenures.loc[tenures["gpu"].isin(own), "gang"])
+            context = own | set(tenures.loc[tenures["gang"].isin(gangs), "gpu"])
+            tenures = tenures[tenures["gpu"].isin(context)]
         overlapping = tenures[(tenures["start_ms"] < end_ms) & (tenures["end_ms"] > start_ms)]
         lo = min(start_ms, int(overlapping["start_ms"].min())) if len(overlapping) else start_ms
         hi = max(end_ms, int(overlapping["end_ms"].max())) if len(overlapping) else end_ms
-        samples = reads.read_samples(conn, start_ms=lo, end_ms=hi)
+        ids = None
+        if shard is not None:
+            ids = [
+                int(i)
+                for i, u in zip(gpus["id"], gpus["uuid"], strict=True)
+                if u in set(tenures["gpu"]) | own
+            ]
+        samples = reads.read_samples(conn, start_ms=lo, end_ms=hi, gpu_ids=ids)
     result = classify(samples, tenures, window=Window(start_ms, end_ms), thresholds=thresholds)
+    res = result.results[result.results["gpu"].isin(own)]
+    fnd = result.findings[result.findings["gpu"].isin(own) | result.findings["gpu"].isna()]
     gpu_ids = dict(zip(gpus["uuid"], gpus["id"], strict=True))
     inferred = {
         (g, p): bool(i)
         for g, p, i in zip(tenures["gpu"], tenures["pod_uid"], tenures["inferred"], strict=True)
     }
-    res = result.results
     result_rows = [
         {
             "gpu_id": int(gpu_ids[g]),
@@ -213,7 +242,6 @@ def audit(
             res["gpu"], _none(res["pod_uid"]), res["category"], res["seconds"], strict=True
         )
     ]
-    fnd = result.findings
     finding_rows = [
         {
             "kind": k,
@@ -226,22 +254,16 @@ def audit(
             "detail": d,
         }
         for k, gang, g, p, a, b, s, d in zip(
-            fnd["kind"],
-            _none(fnd["gang"]),
-            _none(fnd["gpu"]),
-            _none(fnd["pod_uid"]),
-            _none(fnd["start_ms"]),
-            _none(fnd["end_ms"]),
-            fnd["seconds"],
-            _none(fnd["detail"]),
+            fnd["kind"], _none(fnd["gang"]), _none(fnd["gpu"]), _none(fnd["pod_uid"]),
+            _none(fnd["start_ms"]), _none(fnd["end_ms"]), fnd["seconds"], _none(fnd["detail"]),
             strict=True,
         )
-    ]
+    ]  # fmt: skip
     with engine.begin() as conn:
         run_id = replace_audit_run(
             conn,
             window=(start_ms, end_ms),
-            shard="all",
+            shard="all" if shard is None else f"{shard[0]}/{shard[1]}",
             created_ms=now_ms if now_ms is not None else int(time.time() * 1000),
             thresholds=thresholds.as_dict(),
             version=__version__,
@@ -251,11 +273,33 @@ def audit(
     return AuditStats(
         run_id=run_id,
         window=(start_ms, end_ms),
-        gpus=int(samples["gpu"].nunique()),
+        gpus=len(own & set(samples["gpu"])),
         samples=len(samples),
         tenures=len(tenures),
         seconds=time.perf_counter() - started,
     )
+
+
+def covering_runs(runs: pd.DataFrame, *, start_ms: int, end_ms: int, what: str) -> list[int]:
+    """The stored runs that cover [start, end) exactly once; an error names what is missing."""
+    from auditor.report.windows import choose_runs
+
+    choice = choose_runs(runs, start_ms=start_ms, end_ms=end_ms)
+    if choice.incomplete:
+        a, b = choice.incomplete[0]
+        raise InputError(
+            f"{what} is not fully audited: the sharded run of {_iso(a)} to {_iso(b)} lacks "
+            "shards; run the missing shards or an unsharded audit of that window",
+            field="window",
+        )
+    if choice.missing:
+        a, b = choice.missing[0]
+        raise InputError(
+            f"{what} is not fully audited: nothing covers {_iso(a)} to {_iso(b)}; "
+            f"run `auditor audit --start {_iso(a)} --end {_iso(b)}`",
+            field="window",
+        )
+    return choice.run_ids
 
 
 def _iso(ms: int) -> str:
@@ -284,7 +328,6 @@ def build_report(
     from auditor.report.offenders import STRAGGLER_COLUMNS, stragglers, top_offenders
     from auditor.report.render import Report
     from auditor.report.summary import GroupBy, summarise, totals
-    from auditor.report.windows import choose_runs
     from auditor.store import reads
 
     engine = open_store(url)
@@ -294,18 +337,13 @@ def build_report(
             raise InputError(
                 "no audit results for this window: run `auditor audit` first", field="window"
             )
-        run_ids = [int(i) for i in runs["id"]]
-        if start_ms is not None and end_ms is not None:
-            choice = choose_runs(runs, start_ms=start_ms, end_ms=end_ms)
-            if choice.missing:
-                a, b = choice.missing[0]
-                raise InputError(
-                    f"the window is not fully audited: nothing covers {_iso(a)} to {_iso(b)}; "
-                    f"run `auditor audit --start {_iso(a)} --end {_iso(b)}`",
-                    field="window",
-                )
-            run_ids = choice.run_ids
-            runs = runs[runs["id"].isin(run_ids)]
+        run_ids = covering_runs(
+            runs,
+            start_ms=int(runs["window_start_ms"].min()) if start_ms is None else start_ms,
+            end_ms=int(runs["window_end_ms"].max()) if end_ms is None else end_ms,
+            what="the window",
+        )
+        runs = runs[runs["id"].isin(run_ids)]
         results = reads.read_results(conn, run_ids)
         findings = reads.read_findings(conn, run_ids)
     if team is not None:
@@ -350,7 +388,7 @@ def simulate(out_dir: Path, *, scenario: str, seed: int | None = None) -> Simula
     gpus = chosen.nodes * chosen.gpus_per_node
     return SimulateStats(
         out_dir,
-        f"{chosen.nodes} nodes, {gpus} GPUs, {chosen.hours:g} h, {len(result.node_files)} "
+        f"{chosen.nodes} nodes, {gpus} GPUs, {chosen.hours:g} h, {len(result.node_csvs)} "
         "nvidia-smi files, pods.json, truth.csv",
     )
 
@@ -373,11 +411,11 @@ def demo(workdir: Path, *, scenario: str = "demo", log: Callable[[str], None]) -
     log(f"simulating {chosen.nodes} nodes × {chosen.gpus_per_node} GPUs for {chosen.hours:g} h ...")
     sim = run_simulation(data, scenario=chosen)
     samples = 0
-    for path in sim.node_files:
-        samples += import_nvidia_smi(url, path, node=path.stem).rows
-    pods = import_pods(url, sim.pods_file, config=Config()).rows
+    for node, path in sorted(sim.node_csvs.items()):
+        samples += import_nvidia_smi(url, path, node=node).rows
+    pods = import_pods(url, sim.pods_json, config=Config()).rows
     log(f"imported {samples:,} samples and {pods} pod records into {url}")
-    stats = audit(url, window=sim.window, thresholds=Thresholds())
+    stats = audit(url, window=(sim.window_start_ms, sim.window_end_ms), thresholds=Thresholds())
     log(f"audited {stats.gpus} GPUs in {stats.seconds:.1f}s")
     report = build_report(url, start_ms=None, end_ms=None, by=GroupBy.TEAM, team=None)
     text = render_table(report)
@@ -406,21 +444,96 @@ def truth_check(rows: pd.DataFrame, truth: pd.DataFrame) -> str:
 def export_finance(url: str, *, week: str, config: Config) -> str:
     """The finance CSV of one ISO week, from the stored audit runs that cover it exactly."""
     from auditor.report.finance import finance_rows, parse_week, render_finance_csv
-    from auditor.report.windows import choose_runs
     from auditor.store import reads
 
     wk = parse_week(week)
     engine = open_store(url)
     with engine.connect() as conn:
         runs = reads.runs_in_window(conn, start_ms=wk.start_ms, end_ms=wk.end_ms)
-        choice = choose_runs(runs, start_ms=wk.start_ms, end_ms=wk.end_ms)
-        if choice.missing:
-            a, b = choice.missing[0]
-            raise InputError(
-                f"week {wk.label} is not fully audited: nothing covers {_iso(a)} to {_iso(b)}; "
-                f"run `auditor audit --start {_iso(a)} --end {_iso(b)}`",
-                field="--week",
-            )
-        results = reads.read_results(conn, choice.run_ids)
+        run_ids = covering_runs(
+            runs, start_ms=wk.start_ms, end_ms=wk.end_ms, what=f"week {wk.label}"
+        )
+        results = reads.read_results(conn, run_ids)
     rows = finance_rows(results, week=wk, prices=config.prices, cost_centres=config.cost_centres)
     return render_finance_csv(rows)
+
+
+# ---------------------------------------------------------------- node sampler
+
+
+@dataclass(frozen=True)
+class SampleOptions:
+    """How `auditor sample` runs on a node (each default suits a DaemonSet)."""
+
+    node: str
+    buffer_dir: Path
+    period_s: float = 5.0
+    flush_every_s: float = 30.0
+    max_buffered_passes: int = 17_280
+    """A day of 5 s passes: the oldest are dropped (and counted) beyond it."""
+    pod_resources_socket: Path | None = None
+    """The kubelet's pod-resources socket; None: record no GPU -> pod mapping."""
+    metrics_host: str = "0.0.0.0"
+    metrics_port: int | None = 9402
+    max_passes: int | None = None
+    """Stop after this many passes (tests, benchmarks); None: run until stopped."""
+
+
+def sample(url: str, options: SampleOptions, *, log: Callable[[str], None]) -> None:
+    """Run the node sampler until stopped: NVML every period, pod-resources, buffered writes.
+
+    NVML that cannot be initialised is a `DriverError` at once (the DaemonSet restarts the
+    sampler); the database may be down at start: passes wait in the on-disk buffer."""
+    import signal
+    import threading
+
+    from prometheus_client import CollectorRegistry
+
+    from auditor.collect.buffer import DiskBuffer
+    from auditor.collect.nvml import NvmlReader
+    from auditor.collect.podresources import PodResourcesClient
+    from auditor.collect.sampler import Sampler, SamplerSettings
+    from auditor.collect.sampler_metrics import SamplerMetrics, serve
+    from auditor.collect.sink import StoreSink
+
+    reader = NvmlReader(node=options.node, period_s=options.period_s)
+    reader.open()
+    holders = (
+        None
+        if options.pod_resources_socket is None
+        else PodResourcesClient(options.pod_resources_socket)
+    )
+    buffer = DiskBuffer(
+        options.buffer_dir / "sampler-buffer.db", max_batches=options.max_buffered_passes
+    )
+    metrics = SamplerMetrics(CollectorRegistry())
+    sampler = Sampler(
+        reader=reader,
+        holders=holders,
+        sink=StoreSink(lambda: open_store(url)),
+        buffer=buffer,
+        metrics=metrics,
+        settings=SamplerSettings(period_s=options.period_s, flush_every_s=options.flush_every_s),
+    )
+    server = None
+    if options.metrics_port is not None:
+        server = serve(
+            metrics,
+            address=options.metrics_host,
+            port=options.metrics_port,
+            max_age_s=3 * options.period_s + options.flush_every_s,
+        )
+        log(f"metrics on http://{options.metrics_host}:{server.server_address[1]}/metrics")
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: sampler.stop.set())
+    log(f"sampling node {options.node} every {options.period_s:g}s, buffer in {buffer.path}")
+    try:
+        sampler.run(max_passes=options.max_passes)
+    finally:
+        if server is not None:
+            server.shutdown()
+        if holders is not None:
+            holders.close()
+        reader.close()
+        buffer.close()

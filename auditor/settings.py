@@ -16,6 +16,7 @@ from auditor.errors import ConfigError
 
 DEFAULT_DB_FILE = "auditor.db"
 DB_URL_ENV = "AUDITOR_DB_URL"
+DB_URL_FILE_ENV = "AUDITOR_DB_URL_FILE"
 CONFIG_ENV = "AUDITOR_CONFIG"
 
 
@@ -104,10 +105,24 @@ class Config:
 
 
 def default_db_url(cwd: Path | None = None) -> str:
-    """`AUDITOR_DB_URL`, else a SQLite file `auditor.db` in the working directory."""
+    """`AUDITOR_DB_URL`, else the file `AUDITOR_DB_URL_FILE` names (a mounted Secret), else a
+    SQLite file `auditor.db` in the working directory."""
     env = os.environ.get(DB_URL_ENV)
     if env:
         return env
+    url_file = os.environ.get(DB_URL_FILE_ENV)
+    if url_file:
+        try:
+            url = Path(url_file).read_text(encoding="utf-8").strip()
+        except OSError as e:
+            raise ConfigError(
+                f"cannot read the database URL: {e.strerror}", file=url_file, field=DB_URL_FILE_ENV
+            ) from e
+        if not url:
+            raise ConfigError(
+                "the database URL file is empty", file=url_file, field=DB_URL_FILE_ENV
+            )
+        return url
     return f"sqlite:///{(cwd or Path.cwd()) / DEFAULT_DB_FILE}"
 
 

@@ -14,6 +14,7 @@ from auditor.store.schema import gpu_samples, pods
 from auditor.store.writes import (
     insert_samples,
     replace_audit_run,
+    supersedes,
     upsert_assignments,
     upsert_gpus,
     upsert_pods,
@@ -166,3 +167,18 @@ def test_audit_run_of_the_same_window_replaces_the_earlier(engine: Engine) -> No
     assert runs["id"].tolist() == [second]
     assert results["seconds"].tolist() == [1800.0]
     assert results["team"].isna().all()
+
+
+@pytest.mark.parametrize(
+    ("new", "old", "replaced"),
+    [
+        ("all", "all", True),
+        ("all", "0/2", True),
+        ("0/2", "all", True),
+        ("0/2", "0/2", True),
+        ("0/2", "1/2", False),
+        ("0/3", "1/2", True),
+    ],
+)
+def test_which_runs_a_new_run_supersedes(new: str, old: str, replaced: bool) -> None:
+    assert supersedes(new, old) is replaced

@@ -16,14 +16,39 @@ class RunChoice:
     run_ids: list[int]
     missing: list[tuple[int, int]]
     """Stretches of the window no chosen run covers."""
+    incomplete: list[tuple[int, int]]
+    """Windows whose shards are not all stored (a sharded audit still running or failed)."""
+
+
+def shards_complete(shards: set[str]) -> bool:
+    """Whether shard names "i/N" are exactly 0/N .. N-1/N for one N."""
+    counts = {name.split("/")[1] for name in shards}
+    if len(counts) != 1:
+        return False
+    n = int(counts.pop())
+    return shards == {f"{i}/{n}" for i in range(n)}
 
 
 def choose_runs(runs: pd.DataFrame, *, start_ms: int, end_ms: int) -> RunChoice:
     """Chain run windows from `start_ms` to `end_ms`, preferring the longest that still chains.
 
-    `runs` has id, window_start_ms, window_end_ms (and shard: all shards of a window count).
+    `runs` has id, window_start_ms, window_end_ms and shard ("all", or "i/N": all N shards of
+    a window together stand for it).
     """
     inside = runs[(runs["window_start_ms"] >= start_ms) & (runs["window_end_ms"] <= end_ms)]
+    incomplete: list[tuple[int, int]] = []
+    if "shard" in inside.columns and len(inside):
+        keep = []
+        for key, group in inside.groupby(["window_start_ms", "window_end_ms"], sort=True):
+            a, b = (int(str(v)) for v in key)
+            shards = set(group["shard"])
+            if "all" in shards:
+                keep.append(group[group["shard"] == "all"])
+            elif shards_complete(shards):
+                keep.append(group)
+            else:
+                incomplete.append((a, b))
+        inside = pd.concat(keep) if keep else inside.iloc[0:0]
     windows = (
         inside[["window_start_ms", "window_end_ms"]]
         .drop_duplicates()
@@ -59,4 +84,4 @@ def choose_runs(runs: pd.DataFrame, *, start_ms: int, end_ms: int) -> RunChoice:
         inside["window_start_ms"].astype(int), inside["window_end_ms"].astype(int), strict=True
     )
     ids = [int(i) for i, w in zip(inside["id"], pairs, strict=True) if w in keys]
-    return RunChoice(run_ids=sorted(ids), missing=missing)
+    return RunChoice(run_ids=sorted(ids), missing=missing, incomplete=incomplete)

@@ -7,11 +7,11 @@ one transaction and a failure leaves the database as it was.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from sqlalchemy import Connection, Table, delete, func, insert, select
+from sqlalchemy import Connection, Table, delete, func, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from auditor.model import GpuRecord, GpuSample, PodRecord
@@ -22,8 +22,14 @@ from auditor.store.schema import (
     gpu_assignments,
     gpu_samples,
     gpus,
+    nodes,
     pods,
+    watch_cursors,
 )
+
+NodeRow = Mapping[str, Any]
+"""A `nodes` row: name, gpu_model, gpu_capacity, gpu_allocatable, unschedulable, labels,
+resource_version, updated_ms (see `auditor.collect.nodes.node_row`)."""
 
 SAMPLE_COLUMNS = (
     "util",
@@ -241,6 +247,17 @@ def upsert_assignments(
     )
 
 
+def supersedes(new: str, old: str) -> bool:
+    """Whether a run of shard `new` replaces a stored run of shard `old` of the same window.
+
+    An unsharded run ("all") replaces every run of its window and is replaced by any shard;
+    a shard "i/N" replaces itself and shards of another N.
+    """
+    if new == "all" or old in ("all", new):
+        return True
+    return new.split("/")[1] != old.split("/")[1]
+
+
 def replace_audit_run(
     conn: Connection,
     *,
@@ -252,13 +269,12 @@ def replace_audit_run(
     results: Iterable[Mapping[str, Any]],
     findings: Iterable[Mapping[str, Any]],
 ) -> int:
-    """Store one audit run, replacing an earlier run of the same window and shard."""
-    old = select(audit_runs.c.id).where(
+    """Store one audit run, replacing the runs of the same window it supersedes."""
+    old = select(audit_runs.c.id, audit_runs.c.shard).where(
         audit_runs.c.window_start_ms == window[0],
         audit_runs.c.window_end_ms == window[1],
-        audit_runs.c.shard == shard,
     )
-    old_ids = [r for (r,) in conn.execute(old)]
+    old_ids = [r for r, other in conn.execute(old) if supersedes(shard, other)]
     if old_ids:
         conn.execute(delete(audit_results).where(audit_results.c.run_id.in_(old_ids)))
         conn.execute(delete(audit_findings).where(audit_findings.c.run_id.in_(old_ids)))
@@ -281,3 +297,72 @@ def replace_audit_run(
     if finding_rows:
         conn.execute(insert(audit_findings), finding_rows)
     return int(run_id)
+
+
+# --------------------------------------------------------------------------- the pod watcher
+
+
+def close_missing_pods(
+    conn: Connection,
+    *,
+    listed_uids: Collection[str],
+    at_ms: int,
+    in_scope: Callable[[str, Mapping[str, str]], bool] = lambda _ns, _labels: True,
+) -> list[str]:
+    """Close the tenure of open pods a relist no longer shows: deleted at `at_ms`, estimated.
+
+    Open = no deletion time yet. `in_scope(namespace, labels)` says whether the relist could
+    have shown the pod at all (a watcher of one namespace or selector must not close others).
+    Returns the UIDs closed.
+    """
+    listed = set(listed_uids)
+    rows = conn.execute(
+        select(pods.c.uid, pods.c.namespace, pods.c.labels).where(pods.c.deleted_ms.is_(None))
+    )
+    gone = [
+        uid
+        for uid, namespace, labels in rows
+        if uid not in listed and in_scope(namespace, labels or {})
+    ]
+    for start in range(0, len(gone), 500):
+        conn.execute(
+            update(pods)
+            .where(pods.c.uid.in_(gone[start : start + 500]), pods.c.deleted_ms.is_(None))
+            .values(deleted_ms=at_ms, deleted_estimated=True)
+        )
+    return gone
+
+
+def upsert_nodes(conn: Connection, records: Iterable[NodeRow]) -> int:
+    """Store the latest view of each node by name. Returns the number of distinct nodes."""
+    latest = {r["name"]: r for r in records}
+    if not latest:
+        return 0
+    stmt = _upsert(conn, nodes)
+    columns = [c.name for c in nodes.c if c.name != "name"]
+    stmt = stmt.on_conflict_do_update(
+        index_elements=[nodes.c.name], set_={c: stmt.excluded[c] for c in columns}
+    )
+    conn.execute(stmt, [dict(r) for r in latest.values()])
+    return len(latest)
+
+
+def read_cursor(conn: Connection, scope: str) -> str | None:
+    """The resourceVersion a watch of `scope` had reached, or None for none stored."""
+    rv: str | None = conn.execute(
+        select(watch_cursors.c.resource_version).where(watch_cursors.c.scope == scope)
+    ).scalar_one_or_none()
+    return rv
+
+
+def write_cursor(conn: Connection, scope: str, *, resource_version: str, at_ms: int) -> None:
+    """Record where the watch of `scope` got to, in the transaction of the events it covers."""
+    stmt = _upsert(conn, watch_cursors)
+    stmt = stmt.on_conflict_do_update(
+        index_elements=[watch_cursors.c.scope],
+        set_={
+            "resource_version": stmt.excluded.resource_version,
+            "updated_ms": stmt.excluded.updated_ms,
+        },
+    )
+    conn.execute(stmt, {"scope": scope, "resource_version": resource_version, "updated_ms": at_ms})
