@@ -239,6 +239,47 @@ def import_pods(
     typer.echo(f"imported {stats.rows} GPU pod records from {file} in {stats.seconds:.1f}s")
 
 
+@import_app.command("prometheus")
+def import_prometheus(
+    url: Annotated[
+        str, typer.Option("--url", help="Prometheus base URL, e.g. http://prometheus:9090.")
+    ],
+    start: Annotated[
+        str | None, typer.Option("--start", help="Window start (ISO 8601, UTC).")
+    ] = None,
+    end: Annotated[str | None, typer.Option("--end", help="Window end (ISO 8601, UTC).")] = None,
+    since: Annotated[
+        str | None,
+        typer.Option("--since", help="Window of this length ending now (or at --end): 7d, 12h."),
+    ] = None,
+    step: Annotated[
+        str,
+        typer.Option("--step", help="Resolution: dcgm-exporter's scrape interval (5s, 15s, 30s)."),
+    ] = "15s",
+) -> None:
+    """Import dcgm-exporter GPU samples, and the pod holding each GPU, from Prometheus."""
+    from auditor import jobs
+
+    with user_errors():
+        window = parse_window(start, end, since)
+        if window is None:
+            raise InputError("give --start and --end, or --since", field="--start")
+        step_s = parse_duration(step, option="--step").total_seconds()
+        stats = jobs.import_prometheus(
+            state.db_url, prometheus_url=url, window=window, step_s=step_s
+        )
+    typer.echo(
+        f"imported {stats.samples} samples of {stats.gpus} GPUs and {stats.holdings} GPU -> pod "
+        f"spans from {url} in {stats.seconds:.1f}s"
+    )
+    if stats.unresolved:
+        typer.echo(
+            f"{stats.unresolved} GPU -> pod spans name pods not in the database: "
+            "import the pods, then run this import again",
+            err=True,
+        )
+
+
 # ---------------------------------------------------------------- db
 
 
@@ -449,7 +490,8 @@ def export_finance(
         typer.Option("--week", help="ISO week, e.g. 2026-W48, or 'last' for the previous week."),
     ],
     out: Annotated[
-        Path | None, typer.Option("--out", help="Write to this file instead of stdout.")
+        Path | None,
+        typer.Option("--out", help="Write here instead of stdout; {week} in it becomes the week."),
     ] = None,
 ) -> None:
     """The weekly finance CSV: one row per team × GPU model, plus the platform rows."""
@@ -459,7 +501,7 @@ def export_finance(
         chosen = last_week(datetime.now(UTC)) if week == "last" else week
         text = jobs.export_finance(state.db_url, week=chosen, config=state.config())
         if out is not None:
-            write_atomically(out, text)
+            write_atomically(Path(str(out).replace("{week}", chosen)), text)
             return
     typer.echo(text, nl=False)
 
@@ -545,6 +587,118 @@ def sample(
             max_passes=passes,
         )
         jobs.sample(state.db_url, options, log=lambda m: typer.echo(m, err=True))
+
+
+# ---------------------------------------------------------------- pod watcher
+
+
+class LogFormat(StrEnum):
+    TEXT = "text"
+    JSON = "json"
+
+
+@app.command()
+def watch(
+    kubeconfig: Annotated[
+        str | None,
+        typer.Option(
+            "--kubeconfig",
+            help="Kubeconfig file (default: in-cluster, else KUBECONFIG or ~/.kube/config).",
+        ),
+    ] = None,
+    context: Annotated[
+        str | None, typer.Option("--context", help="Kubeconfig context to use.")
+    ] = None,
+    namespace: Annotated[
+        str | None,
+        typer.Option(
+            "--namespace",
+            "-n",
+            envvar="AUDITOR_WATCH_NAMESPACE",
+            show_envvar=True,
+            help="Only pods of this namespace (default: all).",
+        ),
+    ] = None,
+    selector: Annotated[
+        str | None,
+        typer.Option(
+            "--selector",
+            "-l",
+            envvar="AUDITOR_WATCH_SELECTOR",
+            show_envvar=True,
+            help="Only pods matching this label selector.",
+        ),
+    ] = None,
+    no_nodes: Annotated[bool, typer.Option("--no-nodes", help="Do not watch nodes.")] = False,
+    metrics_port: Annotated[
+        int,
+        typer.Option(
+            "--metrics-port",
+            envvar="AUDITOR_METRICS_PORT",
+            show_envvar=True,
+            help="Port of /metrics and /healthz (0: any free port, -1: none).",
+        ),
+    ] = 9403,
+    metrics_host: Annotated[
+        str, typer.Option("--metrics-host", help="Address /metrics and /healthz listen on.")
+    ] = "0.0.0.0",
+    health_max_age: Annotated[
+        float,
+        typer.Option(
+            "--health-max-age",
+            min=1.0,
+            help="Seconds without a successful sync after which /healthz fails.",
+        ),
+    ] = 600.0,
+    watch_timeout: Annotated[
+        int,
+        typer.Option(
+            "--watch-timeout",
+            min=1,
+            help="Seconds after which the server ends each watch (it is resumed).",
+        ),
+    ] = 300,
+    read_timeout: Annotated[
+        float,
+        typer.Option(
+            "--read-timeout",
+            min=0.1,
+            help="Seconds of silence after which a stream counts as dead.",
+        ),
+    ] = 90.0,
+    log_format: Annotated[
+        LogFormat,
+        typer.Option(
+            "--log-format",
+            envvar="AUDITOR_LOG_FORMAT",
+            show_envvar=True,
+            help="Log lines as text or JSON.",
+        ),
+    ] = LogFormat.TEXT,
+) -> None:
+    """Record who held which GPU when: list/watch GPU pods and nodes (the Deployment).
+
+    Restart-safe: resumes from the resourceVersion stored with the last write, and relists
+    (closing pods that vanished meanwhile) when the API has expired it."""
+    from auditor import jobs
+
+    with user_errors():
+        options = jobs.WatchOptions(
+            kubeconfig=kubeconfig,
+            context=context,
+            namespace=namespace,
+            selector=selector,
+            nodes=not no_nodes,
+            metrics_host=metrics_host,
+            metrics_port=None if metrics_port < 0 else metrics_port,
+            health_max_age_s=health_max_age,
+            watch_timeout_s=watch_timeout,
+            read_timeout_s=read_timeout,
+            json_logs=log_format is LogFormat.JSON,
+        )
+        jobs.watch(
+            state.db_url, options, config=state.config(), log=lambda m: typer.echo(m, err=True)
+        )
 
 
 # ---------------------------------------------------------------- simulate and demo
