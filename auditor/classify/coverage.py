@@ -1,0 +1,178 @@
+"""Sample coverage (SPEC §3 "Sample coverage"): what stretch of time each sample stands for.
+
+Per GPU the samples are sorted by time and duplicate timestamps are merged (the highest
+readable utilisation wins, so that the result does not depend on row order). The GPU's
+period is the median spacing of its samples, rounded to a whole millisecond (a GPU with a
+single sample gets `default_period_s`). A sample at `t` covers `[t, t + dt)` with `dt` the
+time to the GPU's next sample, except where that is more than `gap_periods` periods away:
+then it covers one period and the rest of the gap is unobserved. The last sample covers one
+period. A GPU's observed span, whose intersection with the audit window is its capacity,
+runs from its first sample to the end of its last sample's coverage.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from auditor.classify.arrays import BoolArr, FloatArr, IntArr, ObjArr, order_by, starts_of
+from auditor.settings import Thresholds
+
+
+@dataclass(frozen=True)
+class SampleTable:
+    """Samples sorted by (GPU, time), one per timestamp, with what each covers.
+
+    GPUs are numbered 0..n-1 in the sorted order of their UUIDs (`uuids`); per-sample arrays
+    share one index, per-GPU arrays are indexed by that number.
+    """
+
+    uuids: ObjArr
+    gpu: IntArr
+    ts: IntArr
+    util: FloatArr
+    """Percent, clipped to 0-100; NaN where the source could not read it."""
+    cov_end: IntArr
+    """End of the time the sample covers."""
+    span_end: IntArr
+    """The next sample's time, or `cov_end` for a GPU's last sample."""
+    throttle: IntArr | None
+    """Per sample: code of its throttle reasons in `throttle_names`, -1 where none."""
+    throttle_names: ObjArr
+    period: IntArr
+    first: IntArr
+    last_end: IntArr
+
+    @property
+    def n_gpus(self) -> int:
+        return int(self.uuids.size)
+
+
+def _merge_duplicates(
+    *, gpu: IntArr, ts: IntArr, util: FloatArr, throttle: IntArr | None
+) -> tuple[IntArr, IntArr, FloatArr, IntArr | None]:
+    first = starts_of(gpu, ts)
+    if bool(first.all()):
+        return gpu, ts, util, throttle
+    at = np.flatnonzero(first)
+    merged = np.fmax.reduceat(util, at)
+    return gpu[at], ts[at], merged, None if throttle is None else throttle[at]
+
+
+GROUPED_PROBE = 4096
+"""Rows looked at to guess whether samples come grouped by GPU (as a store returns them)."""
+
+
+def gpu_codes(values: pd.Series) -> tuple[IntArr, ObjArr]:
+    """Each row's GPU as a number (-1 where missing) and the UUIDs, sorted, by number.
+
+    Hashing a few million strings dominates the load, so where the rows come grouped by GPU
+    only the first row of each run is hashed; a categorical column is not hashed at all.
+    """
+    if isinstance(values.dtype, pd.CategoricalDtype):
+        raw = values.cat.codes.to_numpy(dtype=np.int64)
+        names = np.array([str(c) for c in values.cat.categories], dtype=object)
+    else:
+        objects = values.to_numpy(dtype=object)
+        head = objects[:GROUPED_PROBE]
+        if objects.size > GROUPED_PROBE and int((head[1:] != head[:-1]).sum()) <= 64:
+            first = np.ones(objects.size, dtype=np.bool_)
+            first[1:] = objects[1:] != objects[:-1]
+            at = np.flatnonzero(first)
+            run_codes, uniques = pd.factorize(objects[at])
+            raw = np.repeat(run_codes.astype(np.int64), np.diff(np.append(at, objects.size)))
+        else:
+            codes, uniques = pd.factorize(objects)
+            raw = codes.astype(np.int64)
+        names = np.array([str(u) for u in uniques], dtype=object)
+    used = np.bincount(raw[raw >= 0], minlength=names.size) > 0
+    kept = np.flatnonzero(used)
+    by_name = kept[np.argsort(names[kept].astype(str), kind="stable")]
+    number = np.full(names.size + 1, -1, dtype=np.int64)  # the last slot maps -1 to -1
+    number[by_name] = np.arange(by_name.size, dtype=np.int64)
+    return number[raw], names[by_name]
+
+
+def _throttle_codes(values: pd.Series) -> tuple[IntArr, ObjArr]:
+    """Throttle reasons as codes into their sorted distinct texts; blank or missing → -1."""
+    codes, uniques = pd.factorize(values.astype(object), sort=True)
+    names = np.array([str(u) for u in uniques], dtype=object)
+    blank = np.array([not n.strip() for n in names.tolist()], dtype=np.bool_)
+    codes = codes.astype(np.int64)
+    if blank.any():
+        codes = np.where((codes >= 0) & blank[np.maximum(codes, 0)], -1, codes)
+    return codes, names
+
+
+def _periods(gpu_start: IntArr, *, n: int, ts: IntArr, default_ms: int) -> IntArr:
+    diffs = np.diff(ts)
+    ends = np.append(gpu_start[1:], n)
+    period = np.full(gpu_start.size, default_ms, dtype=np.int64)
+    for g, (a, b) in enumerate(zip(gpu_start.tolist(), ends.tolist(), strict=True)):
+        if b - a >= 2:
+            period[g] = max(1, math.floor(float(np.median(diffs[a : b - 1])) + 0.5))
+    return period
+
+
+def load_samples(samples: pd.DataFrame, *, thresholds: Thresholds) -> SampleTable:
+    """Sort, merge duplicates, and compute each sample's coverage."""
+    frame = samples
+    if frame["ts_ms"].dtype != np.int64 and bool(frame["ts_ms"].isna().any()):
+        frame = frame[frame["ts_ms"].notna()]
+    gpu, uuids = gpu_codes(frame["gpu"])
+    if gpu.size and bool((gpu < 0).any()):
+        frame = frame[gpu >= 0]
+        gpu = gpu[gpu >= 0]
+    ts = frame["ts_ms"].to_numpy(dtype=np.int64)
+    util = np.clip(frame["util"].to_numpy(dtype=np.float64, na_value=np.nan), 0.0, 100.0)
+    throttle: IntArr | None = None
+    throttle_names = np.zeros(0, dtype=object)
+    if "throttle_reasons" in frame.columns:
+        throttle, throttle_names = _throttle_codes(frame["throttle_reasons"])
+    default_ms = max(1, round(thresholds.default_period_s * 1000))
+    if ts.size == 0:
+        none = np.zeros(0, dtype=np.int64)
+        return SampleTable(
+            uuids, none, none, np.zeros(0), none, none, throttle, throttle_names, none, none, none
+        )
+
+    base = int(ts.min())
+    order = order_by(gpu, ts - base)
+    if not bool((order[1:] > order[:-1]).all()):  # a store hands them over in order
+        gpu, ts, util = gpu[order], ts[order], util[order]
+        throttle = None if throttle is None else throttle[order]
+    gpu, ts, util, throttle = _merge_duplicates(gpu=gpu, ts=ts, util=util, throttle=throttle)
+
+    n = ts.size
+    gpu_start = np.flatnonzero(starts_of(gpu)).astype(np.int64)
+    period = _periods(gpu_start, n=n, ts=ts, default_ms=default_ms)
+
+    has_next: BoolArr = np.zeros(n, dtype=np.bool_)
+    has_next[:-1] = gpu[1:] == gpu[:-1]
+    nxt = np.empty(n, dtype=np.int64)
+    nxt[:-1] = ts[1:]
+    nxt[-1] = 0
+    dt = nxt - ts
+    own = period[gpu]
+    regular = has_next & (dt <= thresholds.gap_periods * own)
+    cov = np.where(regular, dt, own)
+    cov = np.where(has_next, np.minimum(cov, dt), cov)
+    cov_end = ts + cov
+    span_end = np.where(has_next, nxt, cov_end)
+    last = np.append(gpu_start[1:], n) - 1
+    return SampleTable(
+        uuids=uuids,
+        gpu=gpu,
+        ts=ts,
+        util=util,
+        cov_end=cov_end,
+        span_end=span_end,
+        throttle=throttle,
+        throttle_names=throttle_names,
+        period=period,
+        first=ts[gpu_start],
+        last_end=span_end[last],
+    )

@@ -1,0 +1,250 @@
+"""The classifier (SPEC §3): every capacity second of every GPU to one category and holder.
+
+Pipeline, each step a vectorised pass over flat arrays (loops only per GPU, gang or series):
+
+1. `coverage.load_samples`: sort, merge duplicate timestamps, period, coverage.
+2. `timeline.normalise_tenures` and `timeline.cut_segments`: disjoint tenures; each GPU's
+   observed span cut at samples, coverage gaps, tenure boundaries and startup caps.
+3. Unheld segments: covered → `unallocated` (busy or not), uncovered → `unobserved`.
+   Held segments that are uncovered or whose utilisation is unreadable → `unobserved` of
+   the pod. The rest are *observed rows*: `u/100` of their time is `busy`.
+4. `runs.classify_runs`: idle runs per tenure card (whole / leading / trailing / long mid).
+5. `gangs.analyse_gangs`: each row against its gang at the same instant; gang-wide gaps and
+   their regular series.
+6. Per row, what is left: an idle row while another card of the gang is active →
+   `straggler_wait`; an idle row in a checkpoint gap → `checkpoint`; other idle →
+   `compute_idle`. An active row whose gang's busiest other card is more than
+   `straggler_tolerance_pct` busier → `(u_max − u)/100` of it `straggler_wait`,
+   `(100 − u_max)/100` `compute_idle`; other active rows → `(100 − u)/100` `compute_idle`.
+7. Everything is classified over the whole input, then clipped to the window
+   (`pieces.Pieces.window_ms`) and summed; findings come from the same clipped pieces.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TypeVar
+
+import numpy as np
+import numpy.typing as npt
+import pandas as pd
+
+from auditor.classify import codes
+from auditor.classify.arrays import INT_MIN, BoolArr, FloatArr, IntArr, empty_int
+from auditor.classify.coverage import load_samples
+from auditor.classify.findings import FindingInputs, build_findings, empty_findings
+from auditor.classify.gangs import GangView, analyse_gangs
+from auditor.classify.pieces import Pieces, Plain, empty_results, sum_results
+from auditor.classify.runs import RunDecision, classify_runs
+from auditor.classify.timeline import TenureTable, cut_segments, normalise_tenures
+from auditor.settings import Thresholds
+
+T = TypeVar("T", bound=np.generic)
+
+
+@dataclass(frozen=True)
+class Window:
+    """The audit window `[start_ms, end_ms)`, epoch milliseconds UTC."""
+
+    start_ms: int
+    end_ms: int
+
+
+@dataclass(frozen=True)
+class Classification:
+    """What `classify` returns.
+
+    `results`: columns gpu, pod_uid (None where nobody held the card), category (a
+    `WasteCategory` value), seconds; one row per (gpu, pod_uid, category) with seconds > 0
+    inside the window, sorted by gpu, pod_uid (None first) and category (in the order of
+    `WasteCategory`).
+    `findings`: columns kind, gang, gpu, pod_uid, start_ms, end_ms, seconds, detail (see
+    `auditor.classify.findings`).
+    """
+
+    results: pd.DataFrame
+    findings: pd.DataFrame
+
+
+def _marker_codes(markers: pd.DataFrame | None, tenures: TenureTable) -> tuple[IntArr, ...]:
+    if markers is None or len(markers) == 0 or tenures.size == 0:
+        return empty_int(), empty_int(), empty_int()
+    frame = markers[markers["gang"].notna() & markers["start_ms"].notna()]
+    gang = pd.Index(tenures.gangs).get_indexer(pd.Index(frame["gang"].astype(object).map(str)))
+    start = frame["start_ms"].to_numpy(dtype=np.float64)
+    end = frame["end_ms"].to_numpy(dtype=np.float64, na_value=np.nan)
+    end = np.where(np.isnan(end), start, end)
+    keep = gang >= 0
+    return (
+        gang[keep].astype(np.int64),
+        start[keep].astype(np.int64),
+        end[keep].astype(np.int64),
+    )
+
+
+def _per_sample_rules(
+    *, util: FloatArr, idle: BoolArr, decided: RunDecision, view: GangView, thresholds: Thresholds
+) -> tuple[IntArr, FloatArr, IntArr, FloatArr, IntArr]:
+    """Categories of observed rows the run rules left pending (module docstring, step 6).
+
+    Returns cat_a, frac_a, cat_b, frac_b and blame, as `Pieces` holds them.
+    """
+    n = util.size
+    cat_a = decided.category.copy()
+    frac_a = (100.0 - util) / 100.0
+    cat_b = np.full(n, codes.NO_CATEGORY, dtype=np.int64)
+    frac_b = np.zeros(n)
+    blame = np.full(n, -1, dtype=np.int64)
+    pending = cat_a == codes.PENDING
+    wait = pending & idle & view.others_active
+    gap_checkpoint = np.zeros(n, dtype=np.bool_)
+    in_gap = view.gap >= 0
+    gap_checkpoint[in_gap] = view.gap_checkpoint[view.gap[in_gap]]
+    checkpoint = pending & idle & ~wait & view.gang_idle & gap_checkpoint
+    cat_a[wait] = codes.STRAGGLER_WAIT
+    blame[wait] = view.blame[wait]
+    cat_a[checkpoint] = codes.CHECKPOINT
+    cat_a[pending & ~wait & ~checkpoint] = codes.COMPUTE_IDLE
+    behind = pending & ~idle & (view.other_max - util > thresholds.straggler_tolerance_pct)
+    frac_a[behind] = (100.0 - view.other_max[behind]) / 100.0
+    cat_b[behind] = codes.STRAGGLER_WAIT
+    frac_b[behind] = (view.other_max[behind] - util[behind]) / 100.0
+    blame[behind] = view.blame[behind]
+    return cat_a, frac_a, cat_b, frac_b, blame
+
+
+def _split_teardown(pieces: Pieces, split_at: IntArr) -> Pieces:
+    """Cut the rows in which a trailing run passes its teardown cap: `reserved_idle` after."""
+    at = np.flatnonzero(split_at != INT_MIN)
+    if at.size == 0:
+        return pieces
+    cut = split_at[at]
+    end = pieces.end.copy()
+    end[at] = cut
+
+    def more(values: npt.NDArray[T]) -> npt.NDArray[T]:
+        return np.concatenate([values, values[at]])
+
+    return Pieces(
+        gpu=more(pieces.gpu),
+        tenure=more(pieces.tenure),
+        start=np.concatenate([pieces.start, cut]),
+        end=np.concatenate([end, pieces.end[at]]),
+        busy=more(pieces.busy),
+        cat_a=np.concatenate([pieces.cat_a, np.full(at.size, codes.RESERVED_IDLE, dtype=np.int64)]),
+        frac_a=more(pieces.frac_a),
+        cat_b=more(pieces.cat_b),
+        frac_b=more(pieces.frac_b),
+        blame=more(pieces.blame),
+        run=more(pieces.run),
+        gap=more(pieces.gap),
+    )
+
+
+def classify(
+    samples: pd.DataFrame,
+    tenures: pd.DataFrame,
+    *,
+    window: Window,
+    thresholds: Thresholds,
+    markers: pd.DataFrame | None = None,
+) -> Classification:
+    """Split every capacity second in `window` into categories (module docstring).
+
+    `samples`: gpu, ts_ms, util (percent, NaN unreadable), optionally throttle_reasons; every
+    stored sample of the GPUs concerned over the whole tenures that overlap the window.
+    `tenures`: gpu, pod_uid, gang, start_ms, end_ms (as `build_tenures` makes them).
+    `markers`: gang, start_ms, end_ms of checkpoint markers (optional).
+    """
+    st = load_samples(samples, thresholds=thresholds)
+    if st.ts.size == 0:
+        return Classification(results=empty_results(), findings=empty_findings())
+    ten = normalise_tenures(tenures, st)
+    startup_cap = ten.bound + round(thresholds.startup_cap_s * 1000)
+    seg = cut_segments(st, ten, extra_gpu=ten.gpu, extra_ms=startup_cap)
+
+    held = seg.tenure >= 0
+    seg_util = st.util[seg.sample]
+    observed = held & seg.covered & ~np.isnan(seg_util)
+    rows = np.flatnonzero(observed)
+    plain = np.flatnonzero(~observed)
+    unobserved = np.full(plain.size, codes.UNOBSERVED, dtype=np.int64)
+    unobserved[~held[plain] & seg.covered[plain]] = codes.UNALLOCATED
+    rest = Plain(
+        gpu=seg.gpu[plain],
+        tenure=seg.tenure[plain],
+        start=seg.start[plain],
+        end=seg.end[plain],
+        category=unobserved,
+    )
+    r_ten, r_start, r_end = seg.tenure[rows], seg.start[rows], seg.end[rows]
+    r_util, r_sample, r_gpu = seg_util[rows], seg.sample[rows], seg.gpu[rows]
+    del seg, seg_util, held, observed, plain
+    idle = r_util <= thresholds.idle_threshold_pct
+
+    decided = classify_runs(
+        tenure=r_ten, start=r_start, end=r_end, idle=idle, bound=ten.bound, thresholds=thresholds
+    )
+    gang_period = np.ones(ten.gangs.size, dtype=np.int64)
+    np.maximum.at(gang_period, ten.gang, st.period[ten.gpu])
+    m_gang, m_start, m_end = _marker_codes(markers, ten)
+    view = analyse_gangs(
+        gang=ten.gang[r_ten],
+        gpu=r_gpu,
+        ts=st.ts[r_sample],
+        util=r_util,
+        gang_period=gang_period,
+        marker_gang=m_gang,
+        marker_start=m_start,
+        marker_end=m_end,
+        thresholds=thresholds,
+    )
+    cat_a, frac_a, cat_b, frac_b, blame = _per_sample_rules(
+        util=r_util, idle=idle, decided=decided, view=view, thresholds=thresholds
+    )
+    pieces = _split_teardown(
+        Pieces(
+            gpu=r_gpu,
+            tenure=r_ten,
+            start=r_start,
+            end=r_end,
+            busy=r_util / 100.0,
+            cat_a=cat_a,
+            frac_a=frac_a,
+            cat_b=cat_b,
+            frac_b=frac_b,
+            blame=blame,
+            run=decided.run,
+            gap=view.gap,
+        ),
+        decided.split_at,
+    )
+
+    lo, hi, seconds = pieces.window_ms(window.start_ms, window.end_ms)
+    results = sum_results(
+        pieces,
+        seconds=seconds,
+        rest=rest,
+        window=(window.start_ms, window.end_ms),
+        tenures=ten,
+        uuids=st.uuids,
+    )
+    findings = build_findings(
+        FindingInputs(
+            pieces=pieces,
+            lo=lo,
+            hi=hi,
+            seconds=seconds,
+            tenures=ten,
+            uuids=st.uuids,
+            row_gpu=r_gpu,
+            row_tenure=r_ten,
+            row_sample=r_sample,
+            throttle=st.throttle,
+            throttle_names=st.throttle_names,
+            runs=decided,
+            gangs=view,
+            thresholds=thresholds,
+        )
+    )
+    return Classification(results=results, findings=findings)

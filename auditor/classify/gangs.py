@@ -1,0 +1,253 @@
+"""Cards of one gang compared "at the same instant" (SPEC §3 "Same instant", "Active samples").
+
+The approximation: each gang has a period P, the longest sampling period among its cards.
+Every observed row (held, covered, readable) is placed on the tick `round(ts / P)` of a grid
+anchored at epoch 0 (half rounds up), so results do not depend on the audit window. A card
+with several rows on one tick stands there with their mean utilisation; a card with no row
+on a tick is not observed there. Per tick the gang has: the number of active cards, the
+busiest card and the runner-up. A row then knows whether another card was active at its
+instant, the busiest other card's utilisation, and which card that was (for the straggler).
+
+Gang-wide gaps are maximal sequences of observed ticks of a gang on which no card is active;
+ticks with no observed card (outages, unreadable samples) neither break a gap nor count in
+it. A gap spans `[first·P − P/2, last·P + P/2)` (what a checkpoint marker must overlap, and
+where its start-to-start intervals are measured from); its length is its observed time,
+P per idle tick, as for idle runs. A gap is `checkpoint`-able when it overlaps a checkpoint
+marker of its gang, or belongs to a regular series (`find_series`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TypeVar
+
+import numpy as np
+import numpy.typing as npt
+
+from auditor.classify.arrays import (
+    BoolArr,
+    FloatArr,
+    IntArr,
+    empty_int,
+    ends_of,
+    group_ids,
+    order_by,
+    starts_of,
+)
+from auditor.settings import Thresholds
+
+T = TypeVar("T", bound=np.generic)
+
+
+@dataclass(frozen=True)
+class Series:
+    """One regular series of gang-wide gaps."""
+
+    gang: int
+    period_s: float
+    """Median start-to-start interval."""
+    median_length_s: float
+
+
+@dataclass(frozen=True)
+class GangView:
+    """Per observed row: what the rest of its gang did at that instant; per gap: the gap."""
+
+    others_active: BoolArr
+    gang_idle: BoolArr
+    """Every observed card of the gang idle at the row's instant."""
+    other_max: FloatArr
+    """Utilisation of the busiest other card at that instant (-inf where none observed)."""
+    blame: IntArr
+    """A row of that busiest other card on that tick (-1 where none)."""
+    gap: IntArr
+    """The gang-wide gap the row's tick belongs to (-1 where none)."""
+    gap_checkpoint: BoolArr
+    gap_series: IntArr
+    """Index into `series`, -1 where the gap is in none (a marker alone may still count)."""
+    series: tuple[Series, ...]
+
+
+def _first_where(mask: BoolArr, group: IntArr, *, n_groups: int) -> IntArr:
+    """Per group, the first index where `mask` holds (groups sorted), else -1."""
+    out = np.full(n_groups, -1, dtype=np.int64)
+    idx = np.flatnonzero(mask)
+    if idx.size:
+        first = starts_of(group[idx])
+        out[group[idx[first]]] = idx[first]
+    return out
+
+
+def find_series(starts: IntArr, lengths: IntArr, *, thresholds: Thresholds) -> list[IntArr]:
+    """Indices of the gaps (given by start and length in ms) that form regular series.
+
+    Gaps of 15 s–15 min (the thresholds) are sorted by length and split where one is more
+    than `checkpoint_length_factor` longer than the one before; in each group the gaps
+    within that factor of the group's median length are a series when there are at least
+    `checkpoint_min_gaps` of them (and at least 2) and the coefficient of variation
+    (population standard deviation / mean) of their start-to-start intervals is at most
+    `checkpoint_max_cv`. Noise gaps of a similar length between members break the regularity
+    of the series (a documented limitation); gaps of a clearly different length do not.
+    """
+    factor = max(thresholds.checkpoint_length_factor, 1.0)
+    lo = thresholds.checkpoint_min_gap_s * 1000
+    hi = thresholds.checkpoint_max_gap_s * 1000
+    need = max(thresholds.checkpoint_min_gaps, 2)
+    idx = np.flatnonzero((lengths >= lo) & (lengths <= hi))
+    if idx.size < need:
+        return []
+    by_length = idx[np.lexsort((starts[idx], lengths[idx]))]
+    sorted_len = lengths[by_length].astype(np.float64)
+    breaks = np.flatnonzero(sorted_len[1:] > sorted_len[:-1] * factor) + 1
+    found: list[IntArr] = []
+    for group in np.split(by_length, breaks):
+        if group.size < need:
+            continue
+        median = float(np.median(lengths[group]))
+        members = group[(lengths[group] >= median / factor) & (lengths[group] <= median * factor)]
+        if members.size < need:
+            continue
+        gaps = np.diff(np.sort(starts[members])).astype(np.float64)
+        mean = float(gaps.mean())
+        if mean > 0 and float(gaps.std()) / mean <= thresholds.checkpoint_max_cv:
+            found.append(np.sort(members))
+    return found
+
+
+def _marked(
+    *, gap_start: IntArr, gap_end: IntArr, marker_start: IntArr, marker_end: IntArr
+) -> BoolArr:
+    """Which gaps overlap at least one marker (a marker without length is an instant)."""
+    if marker_start.size == 0:
+        return np.zeros(gap_start.size, dtype=np.bool_)
+    order = np.argsort(marker_start, kind="stable")
+    m_start = marker_start[order]
+    m_end = np.maximum.accumulate(np.maximum(marker_end[order], m_start + 1))
+    before = np.searchsorted(m_start, gap_end, side="left")
+    reach = np.where(before > 0, m_end[np.maximum(before - 1, 0)], np.iinfo(np.int64).min)
+    return np.asarray(reach > gap_start, dtype=np.bool_)
+
+
+def analyse_gangs(
+    *,
+    gang: IntArr,
+    gpu: IntArr,
+    ts: IntArr,
+    util: FloatArr,
+    gang_period: IntArr,
+    marker_gang: IntArr,
+    marker_start: IntArr,
+    marker_end: IntArr,
+    thresholds: Thresholds,
+) -> GangView:
+    """Compare every observed row with its gang at the same instant (module docstring)."""
+    n = gang.size
+    period = gang_period[gang]
+    tick = (2 * ts + period) // (2 * period)
+    tick_min = int(tick.min()) if n else 0
+    order = order_by(gang, tick - tick_min, gpu)
+    s_gang, s_tick, s_gpu, s_util = gang[order], tick[order], gpu[order], util[order]
+    del period, tick  # memory: the row-sized temporaries go as soon as they are used
+
+    entry_first = starts_of(s_gang, s_tick, s_gpu)
+    entry_at = np.flatnonzero(entry_first)
+    entry = group_ids(entry_first)
+    counts = np.diff(np.append(entry_at, n))
+    e_util = np.add.reduceat(s_util, entry_at) / counts if n else np.zeros(0)
+    e_active = e_util > thresholds.idle_threshold_pct
+    e_gang, e_tick, e_gpu = s_gang[entry_at], s_tick[entry_at], s_gpu[entry_at]
+    del s_gang, s_tick, s_util, entry_first
+
+    tick_first = starts_of(e_gang, e_tick)
+    tick_at = np.flatnonzero(tick_first)
+    e_tick_id = group_ids(tick_first)
+    n_ticks = tick_at.size
+    if n:
+        n_active = np.add.reduceat(e_active.astype(np.int64), tick_at)
+        max1 = np.maximum.reduceat(e_util, tick_at)
+    else:
+        n_active = np.zeros(0, dtype=np.int64)
+        max1 = np.zeros(0)
+    arg1 = _first_where(e_util == max1[e_tick_id], e_tick_id, n_groups=n_ticks)
+    runner = e_util.copy()
+    runner[arg1] = -np.inf
+    max2 = np.maximum.reduceat(runner, tick_at) if n else np.zeros(0)
+    has2 = max2 > -np.inf
+    arg2 = _first_where((runner == max2[e_tick_id]) & has2[e_tick_id], e_tick_id, n_groups=n_ticks)
+
+    row_tick = e_tick_id[entry]
+    top = e_gpu[arg1[row_tick]] == s_gpu
+    other_max = np.where(top, max2[row_tick], max1[row_tick])
+    blame_entry = np.where(top, arg2[row_tick], arg1[row_tick])
+    del top, s_gpu
+    blame = np.where(blame_entry >= 0, order[entry_at[np.maximum(blame_entry, 0)]], -1)
+    del blame_entry
+    others_active = (n_active[row_tick] - e_active[entry]) > 0
+    gang_idle = n_active[row_tick] == 0
+
+    # Gang-wide gaps over the ticks.
+    t_gang, t_tick = e_gang[tick_at], e_tick[tick_at] + tick_min
+    idle_tick = n_active == 0
+    continues = np.zeros(n_ticks, dtype=np.bool_)
+    continues[1:] = idle_tick[:-1] & (t_gang[1:] == t_gang[:-1])
+    gap_new = idle_tick & ~continues
+    gap_of_tick = np.where(idle_tick, np.cumsum(gap_new, dtype=np.int64) - 1, -1)
+    idle_at = np.flatnonzero(idle_tick)
+    begins = gap_new[idle_at]
+    g_first, g_last = idle_at[begins], idle_at[ends_of(begins)]
+    gap_gang = t_gang[g_first]
+    g_period = gang_period[gap_gang]
+    gap_start = t_tick[g_first] * g_period - g_period // 2
+    gap_end = gap_start + (t_tick[g_last] - t_tick[g_first] + 1) * g_period
+    gap_length = (np.flatnonzero(ends_of(begins)) - np.flatnonzero(begins) + 1) * g_period
+
+    checkpoint = np.zeros(gap_gang.size, dtype=np.bool_)
+    gap_series = np.full(gap_gang.size, -1, dtype=np.int64)
+    series: list[Series] = []
+    gang_at = np.flatnonzero(starts_of(gap_gang))
+    bounds = np.append(gang_at, gap_gang.size)
+    candidate = (gap_length >= thresholds.checkpoint_min_gap_s * 1000) & (
+        gap_length <= thresholds.checkpoint_max_gap_s * 1000
+    )
+    n_candidates = (
+        np.add.reduceat(candidate.astype(np.int64), gang_at) if gang_at.size else empty_int()
+    )
+    marked_gangs = set(np.unique(marker_gang).tolist())
+    need = max(thresholds.checkpoint_min_gaps, 2)
+    for i in np.flatnonzero(
+        (n_candidates >= need) | np.isin(gap_gang[gang_at], marker_gang)
+    ).tolist():
+        a, b = int(bounds[i]), int(bounds[i + 1])
+        g = int(gap_gang[a])
+        starts, ends, lengths = gap_start[a:b], gap_end[a:b], gap_length[a:b]
+        if n_candidates[i] >= need:
+            for members in find_series(starts, lengths, thresholds=thresholds):
+                gap_series[a + members] = len(series)
+                checkpoint[a + members] = True
+                median_len = float(np.median(lengths[members])) / 1000
+                interval = float(np.median(np.diff(starts[members]))) / 1000
+                series.append(Series(gang=g, period_s=interval, median_length_s=median_len))
+        if g in marked_gangs:
+            mine = marker_gang == g
+            checkpoint[a:b] |= _marked(
+                gap_start=starts,
+                gap_end=ends,
+                marker_start=marker_start[mine],
+                marker_end=marker_end[mine],
+            )
+
+    def unsort(values: npt.NDArray[T]) -> npt.NDArray[T]:
+        out = np.empty_like(values)
+        out[order] = values
+        return out
+
+    return GangView(
+        others_active=unsort(others_active),
+        gang_idle=unsort(gang_idle),
+        other_max=unsort(other_max),
+        blame=unsort(blame),
+        gap=unsort(gap_of_tick[row_tick]),
+        gap_checkpoint=checkpoint,
+        gap_series=gap_series,
+        series=tuple(series),
+    )

@@ -1,0 +1,134 @@
+"""Classified pieces of time, clipped to the audit window and summed into results.
+
+A piece is a stretch `[start, end)` of one held GPU whose utilisation was read, its time
+split by fixed fractions: `busy` of it is busy, `frac_a` goes to `cat_a`, `frac_b` to
+`cat_b` (the straggler share of an active sample). Because the fractions are per unit of
+time, clipping a piece to the window clips every category in proportion, which is what
+makes the results of adjacent windows add up to those of their union.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from auditor.classify import codes
+from auditor.classify.arrays import FloatArr, IntArr, ObjArr, reduce_groups
+from auditor.classify.timeline import TenureTable
+from auditor.model import CATEGORIES
+
+RESULT_COLUMNS = ["gpu", "pod_uid", "category", "seconds"]
+
+
+@dataclass(frozen=True)
+class Pieces:
+    """Parallel arrays, one entry per piece (see the module docstring)."""
+
+    gpu: IntArr
+    tenure: IntArr
+    start: IntArr
+    end: IntArr
+    busy: FloatArr
+    cat_a: IntArr
+    frac_a: FloatArr
+    cat_b: IntArr
+    """NO_CATEGORY where the piece has no second category."""
+    frac_b: FloatArr
+    blame: IntArr
+    """Observed row standing for the card waited on (-1 where nobody was waited on)."""
+    run: IntArr
+    """Idle run of the row the piece comes from (-1 where none)."""
+    gap: IntArr
+    """Gang-wide gap of the row the piece comes from (-1 where none)."""
+
+    def window_ms(self, start_ms: int, end_ms: int) -> tuple[IntArr, IntArr, FloatArr]:
+        """Each piece clipped to the window: clipped start, clipped end, seconds inside."""
+        lo = np.maximum(self.start, start_ms)
+        hi = np.minimum(self.end, end_ms)
+        return lo, hi, np.maximum(hi - lo, 0).astype(np.float64) / 1000.0
+
+
+@dataclass(frozen=True)
+class Plain:
+    """Segments that are wholly one category: `unallocated` or `unobserved`."""
+
+    gpu: IntArr
+    tenure: IntArr
+    start: IntArr
+    end: IntArr
+    category: IntArr
+
+
+def empty_results() -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            "gpu": pd.Series([], dtype=object),
+            "pod_uid": pd.Series([], dtype=object),
+            "category": pd.Series([], dtype=object),
+            "seconds": pd.Series([], dtype=np.float64),
+        }
+    )
+
+
+def sum_results(
+    pieces: Pieces,
+    *,
+    seconds: FloatArr,
+    rest: Plain,
+    window: tuple[int, int],
+    tenures: TenureTable,
+    uuids: ObjArr,
+) -> pd.DataFrame:
+    """Seconds per (GPU, pod, category) inside the window.
+
+    `seconds` is each piece's time inside the window; `rest` is clipped here.
+    """
+    n_ten = tenures.size
+    n_cat = codes.N_CATEGORIES
+    size = (n_ten + uuids.size) * n_cat
+
+    def cell(gpu: IntArr, tenure: IntArr) -> IntArr:
+        return np.where(tenure >= 0, tenure, n_ten + gpu) * n_cat
+
+    base = cell(pieces.gpu, pieces.tenure)
+    totals = np.zeros(size)
+    totals += np.bincount(base + codes.BUSY, weights=pieces.busy * seconds, minlength=size)
+    totals += np.bincount(base + pieces.cat_a, weights=pieces.frac_a * seconds, minlength=size)
+    has_b = pieces.cat_b >= 0
+    if has_b.any():
+        totals += np.bincount(
+            base[has_b] + pieces.cat_b[has_b],
+            weights=pieces.frac_b[has_b] * seconds[has_b],
+            minlength=size,
+        )
+    rest_seconds = (
+        np.maximum(np.minimum(rest.end, window[1]) - np.maximum(rest.start, window[0]), 0) / 1000.0
+    )
+    totals += np.bincount(
+        cell(rest.gpu, rest.tenure) + rest.category, weights=rest_seconds, minlength=size
+    )
+    nonzero = np.flatnonzero(totals > 0)
+    if nonzero.size == 0:
+        return empty_results()
+    grp, cat = nonzero // n_cat, nonzero % n_cat
+    held = grp < n_ten
+    ten = np.where(held, grp, 0)
+    gpu = np.where(held, tenures.gpu[ten] if n_ten else 0, grp - n_ten)
+    pod = np.where(held, tenures.pod[ten] if n_ten else 0, -1)
+    (gpu, pod1, cat), _, _, seconds_sum, _ = reduce_groups(
+        (gpu, pod + 1, cat), lo=gpu, hi=gpu, seconds=totals[nonzero]
+    )
+    names = np.array([str(c) for c in CATEGORIES], dtype=object)
+    pod_uid = np.full(pod1.size, None, dtype=object)
+    if tenures.pods.size:
+        pod_uid[pod1 > 0] = tenures.pods[pod1[pod1 > 0] - 1]
+    return pd.DataFrame(
+        {
+            "gpu": pd.Series(uuids[gpu], dtype=object),
+            "pod_uid": pd.Series(pod_uid, dtype=object),
+            "category": pd.Series(names[cat], dtype=object),
+            "seconds": seconds_sum,
+        }
+    )
