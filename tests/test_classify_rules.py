@@ -599,3 +599,36 @@ def test_nullable_columns_and_missing_values_are_accepted() -> None:
     assert as_dict(out.results) == pytest.approx(
         {("g1", "p1", "busy"): 5, ("g1", "p1", "compute_idle"): 5, ("g1", "p1", "unobserved"): 10}
     )
+
+
+# --- a pod still holding its card where the data ends has no teardown yet -----------------
+
+
+def _open(tenure: dict[str, Any]) -> pd.DataFrame:
+    frame = pd.DataFrame([tenure])
+    frame["released"] = False
+    return frame
+
+
+def test_still_running_pods_idle_tail_is_no_teardown() -> None:
+    # active 60 s, then idle 40 s until the data ends; the pod has not been released
+    samples = card("g", [80] * 6 + [0] * 4)
+    got = as_dict(
+        classify(samples, _open(held("g", "p", 0, 100)), window=EVERYTHING, thresholds=TH).results
+    )
+    assert ("g", "p", "teardown") not in got
+    assert got[("g", "p", "compute_idle")] == pytest.approx(40 + 60 * 0.2)
+    closed = as_dict(
+        classify(samples, tenure_frame([held("g", "p", 0, 100)]), window=EVERYTHING,
+                 thresholds=TH).results
+    )  # fmt: skip
+    assert closed[("g", "p", "teardown")] == pytest.approx(30)
+
+
+def test_still_running_pod_never_active_is_in_startup_until_the_cap() -> None:
+    samples = card("g", [0] * 10)
+    got = as_dict(
+        classify(samples, _open(held("g", "p", 0, 100)), window=EVERYTHING, thresholds=TH).results
+    )
+    assert got == {("g", "p", "startup"): pytest.approx(60),
+                   ("g", "p", "reserved_idle"): pytest.approx(40)}  # fmt: skip

@@ -199,3 +199,15 @@ def test_gang_defaults_to_the_pod_and_dtypes() -> None:
     assert out["start_ms"].dtype == np.int64
     assert out["end_ms"].dtype == np.int64
     assert out["inferred"].dtype == bool
+
+
+def test_a_pod_still_holding_at_now_is_not_released() -> None:
+    pods = pods_frame(pod("a", 10, finished=50), pod("b", 60), pod("c", 5))
+    out = build_tenures(pods, gpus_frame(n=2), assign(), now_ms=NOW)
+    released = dict(zip(out["pod_uid"], out["released"], strict=True))
+    assert released == {"c": False, "a": True, "b": False}
+    # an open tenure cut short by a later exact tenure on its card has ended
+    cut = build_tenures(
+        pods_frame(pod("c", 5), pod("x", 30)), gpus_frame(n=1), assign(("x", "G0")), now_ms=NOW
+    )
+    assert dict(zip(cut["pod_uid"], cut["released"], strict=True)) == {"c": True, "x": False}

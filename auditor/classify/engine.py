@@ -153,7 +153,8 @@ def classify(
 
     `samples`: gpu, ts_ms, util (percent, NaN unreadable), optionally throttle_reasons; every
     stored sample of the GPUs concerned over the whole tenures that overlap the window.
-    `tenures`: gpu, pod_uid, gang, start_ms, end_ms (as `build_tenures` makes them).
+    `tenures`: gpu, pod_uid, gang, start_ms, end_ms, optionally released (as
+    `build_tenures` makes them; without `released` every tenure counts as ended).
     `markers`: gang, start_ms, end_ms of checkpoint markers (optional).
     """
     st = load_samples(samples, thresholds=thresholds)
@@ -183,7 +184,13 @@ def classify(
     idle = r_util <= thresholds.idle_threshold_pct
 
     decided = classify_runs(
-        tenure=r_ten, start=r_start, end=r_end, idle=idle, bound=ten.bound, thresholds=thresholds
+        tenure=r_ten,
+        start=r_start,
+        end=r_end,
+        idle=idle,
+        bound=ten.bound,
+        released=ten.released,
+        thresholds=thresholds,
     )
     gang_period = np.ones(ten.gangs.size, dtype=np.int64)
     np.maximum.at(gang_period, ten.gang, st.period[ten.gpu])

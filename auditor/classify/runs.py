@@ -17,6 +17,9 @@ First match wins:
   `run start + teardown_cap`, `reserved_idle` after; a row that straddles that point is
   reported in `split_at` for the caller to cut.
 - MID run at least `reserved_after_s` long → `reserved_idle`.
+A tenure still open where the data ends (the pod holds its card at `now`) has no end yet:
+its never-active card is treated as LEADING (startup, then reserved_idle after the cap) and
+its last idle run as MID, never as teardown.
 - Otherwise the rows stay PENDING: the sample-by-sample rules decide.
 """
 
@@ -61,6 +64,7 @@ def classify_runs(
     end: IntArr,
     idle: BoolArr,
     bound: IntArr,
+    released: BoolArr,
     thresholds: Thresholds,
 ) -> RunDecision:
     """Apply the run-level rules to observed rows sorted by (tenure, start)."""
@@ -98,6 +102,9 @@ def classify_runs(
         [WHOLE, LEADING, TRAILING],
         MID,
     ).astype(np.int64)
+    still_open = ~released[run_ten]
+    run_kind[still_open & (run_kind == WHOLE)] = LEADING
+    run_kind[still_open & (run_kind == TRAILING)] = MID
 
     r = run[rows]
     kind = run_kind[r]

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-TENURE_COLUMNS = ["gpu", "pod_uid", "gang", "start_ms", "end_ms", "inferred"]
+TENURE_COLUMNS = ["gpu", "pod_uid", "gang", "start_ms", "end_ms", "inferred", "released"]
 MIG_PREFIX = "nvidia.com/mig-"
 
 
@@ -58,6 +58,7 @@ def empty_tenures() -> pd.DataFrame:
             "start_ms": pd.Series([], dtype=np.int64),
             "end_ms": pd.Series([], dtype=np.int64),
             "inferred": pd.Series([], dtype=bool),
+            "released": pd.Series([], dtype=bool),
         }
     )
 
@@ -91,7 +92,9 @@ def _free(spans: list[tuple[int, int]], at: int) -> bool:
 def build_tenures(
     pods: pd.DataFrame, gpus: pd.DataFrame, assignments: pd.DataFrame, *, now_ms: int
 ) -> pd.DataFrame:
-    """Tenures (gpu, pod_uid, gang, start_ms, end_ms, inferred), sorted by GPU and start."""
+    """Tenures (gpu, pod_uid, gang, start_ms, end_ms, inferred, released), sorted by GPU
+    and start. `released` is false for a pod still holding its GPUs at `now_ms`: its end is
+    only where the data stops, so its last idle stretch is no teardown."""
     exact: dict[str, list[str]] = defaultdict(list)
     for pod_uid, gpu in zip(
         assignments["pod_uid"].tolist(), assignments["gpu_uuid"].tolist(), strict=True
@@ -104,6 +107,7 @@ def build_tenures(
     held: dict[str, list[tuple[int, int]]] = defaultdict(list)
     waiting: list[tuple[int, str, str, str, str, str, int, bool, int]] = []
     seen: set[str] = set()
+    still_holding: set[str] = set()
     for rec in pods.to_dict("records"):
         uid = _text(rec.get("uid"))
         bound = _num(rec.get("bound_ms"))
@@ -112,8 +116,10 @@ def build_tenures(
         seen.add(uid)
         ends = [
             t for t in (_num(rec.get("finished_ms")), _num(rec.get("deleted_ms"))) if t is not None
-        ] or [now_ms]
-        end = min(ends)
+        ]
+        if not ends:
+            still_holding.add(uid)
+        end = min(ends) if ends else now_ms
         if end <= bound:
             continue
         gang = _text(rec.get("gang")) or uid
@@ -150,7 +156,7 @@ def build_tenures(
 
     if not rows:
         return empty_tenures()
-    frame = pd.DataFrame(rows, columns=TENURE_COLUMNS).astype(
+    frame = pd.DataFrame(rows, columns=TENURE_COLUMNS[:-1]).astype(
         {"gpu": object, "pod_uid": object, "gang": object}
     )
     # Later start wins; at equal starts exact beats inferred, then the larger uid.
@@ -165,6 +171,10 @@ def build_tenures(
     if len(frame) > 1:
         same = uuid[1:] == uuid[:-1]
         ends_at[:-1] = np.where(same, np.minimum(ends_at[:-1], starts[1:]), ends_at[:-1])
+    cut = ends_at < frame["end_ms"].to_numpy(dtype=np.int64)
     frame["end_ms"] = ends_at
+    frame["released"] = ~frame["pod_uid"].isin(still_holding).to_numpy() | cut
     frame = frame[frame["end_ms"] > frame["start_ms"]].reset_index(drop=True)
-    return frame.astype({"start_ms": np.int64, "end_ms": np.int64, "inferred": bool})
+    return frame.astype(
+        {"start_ms": np.int64, "end_ms": np.int64, "inferred": bool, "released": bool}
+    )

@@ -34,6 +34,8 @@ class TenureTable:
     gang: IntArr
     pods: ObjArr
     gangs: ObjArr
+    released: BoolArr
+    """False for a pod still holding its card where the data ends (no teardown yet)."""
 
     @property
     def size(self) -> int:
@@ -70,11 +72,16 @@ def normalise_tenures(tenures: pd.DataFrame, samples: SampleTable) -> TenureTabl
     pod_s = _strings(tenures["pod_uid"])
     gang_s = _strings(tenures["gang"]) if "gang" in tenures.columns else pod_s.copy()
     gang_s = np.where(pd.isna(gang_s), pod_s, gang_s)
+    released_b = (
+        tenures["released"].to_numpy(dtype=np.bool_, na_value=True)
+        if "released" in tenures.columns
+        else np.ones(len(tenures), dtype=np.bool_)
+    )
     start_f = tenures["start_ms"].to_numpy(dtype=np.float64, na_value=np.nan)
     end_f = tenures["end_ms"].to_numpy(dtype=np.float64, na_value=np.nan)
     g = pd.Index(samples.uuids).get_indexer(pd.Index(gpu_s)).astype(np.int64)
     ok = (g >= 0) & ~pd.isna(pod_s) & ~np.isnan(start_f) & ~np.isnan(end_f)
-    g, pod_s, gang_s = g[ok], pod_s[ok], gang_s[ok]
+    g, pod_s, gang_s, released = g[ok], pod_s[ok], gang_s[ok], released_b[ok]
     start = start_f[ok].astype(np.int64)
     end = end_f[ok].astype(np.int64)
     pod, pods = _codes(pod_s)
@@ -82,9 +89,12 @@ def normalise_tenures(tenures: pd.DataFrame, samples: SampleTable) -> TenureTabl
 
     order = np.lexsort((gang, pod, end, start, g))
     g, start, end, pod, gang = g[order], start[order], end[order], pod[order], gang[order]
+    released = released[order]
     if g.size > 1:
         same = g[1:] == g[:-1]
-        end[:-1] = np.where(same, np.minimum(end[:-1], start[1:]), end[:-1])
+        cut = same & (start[1:] < end[:-1])
+        end[:-1] = np.where(cut, start[1:], end[:-1])
+        released[:-1] |= cut
     lo = np.maximum(start, samples.first[g])
     hi = np.minimum(end, samples.last_end[g])
     keep = (end > start) & (hi > lo)
@@ -97,6 +107,7 @@ def normalise_tenures(tenures: pd.DataFrame, samples: SampleTable) -> TenureTabl
         gang=gang[keep],
         pods=pods,
         gangs=gangs,
+        released=released[keep],
     )
 
 
