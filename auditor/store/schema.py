@@ -18,6 +18,7 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    false,
 )
 
 NAMING_CONVENTION = {
@@ -84,9 +85,34 @@ pods = Table(
     Column("resource_version", String(64), nullable=True),
     Column("labels", JSON, nullable=False),
     Column("annotations", JSON, nullable=False),
+    Column("deleted_estimated", Boolean, nullable=False, server_default=false()),
     Index("ix_pods_node_bound", "node", "bound_ms"),
     Index("ix_pods_namespace_name", "namespace", "name"),
 )
+
+nodes = Table(
+    "nodes",
+    metadata,
+    Column("name", String(253), primary_key=True),
+    Column("gpu_model", String(128), nullable=True),
+    Column("gpu_capacity", Integer, nullable=False),
+    Column("gpu_allocatable", Integer, nullable=False),
+    Column("unschedulable", Boolean, nullable=False),
+    Column("labels", JSON, nullable=False),
+    Column("resource_version", String(64), nullable=True),
+    Column("updated_ms", BigInteger, nullable=False),
+)
+"""Nodes as the watcher last saw them: GPU model, GPU count, cordoned or not."""
+
+watch_cursors = Table(
+    "watch_cursors",
+    metadata,
+    Column("scope", String(600), primary_key=True),
+    Column("resource_version", String(64), nullable=False),
+    Column("updated_ms", BigInteger, nullable=False),
+)
+"""Where each watch (kind, namespace, selector) got to, written in the same transaction as
+the events it covers, so a restarted watcher resumes there and loses nothing."""
 
 gpu_assignments = Table(
     "gpu_assignments",

@@ -44,9 +44,7 @@ def upgrade() -> None:
     )
     with op.batch_alter_table("pods") as batch:
         batch.add_column(
-            sa.Column(
-                "deleted_estimated", sa.Boolean(), nullable=False, server_default=sa.false()
-            )
+            sa.Column("deleted_estimated", sa.Boolean(), nullable=False, server_default=sa.false())
         )
 
 

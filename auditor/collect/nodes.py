@@ -1,0 +1,79 @@
+"""One node, as the Kubernetes API writes it in JSON, into a `nodes` row. Pure functions.
+
+The GPU model comes from the first label that names it: NVIDIA's GPU feature discovery
+(`nvidia.com/gpu.product`), else the cloud providers' accelerator labels. The GPU count is
+the sum of `nvidia.com/gpu` and every `nvidia.com/mig-*` resource, in capacity and in
+allocatable. A node is unschedulable when cordoned (`spec.unschedulable`) or tainted
+`node.kubernetes.io/unschedulable`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from auditor.collect.workloads import PodFieldError, is_gpu_resource
+
+GPU_MODEL_LABELS = (
+    "nvidia.com/gpu.product",
+    "cloud.google.com/gke-accelerator",
+    "k8s.amazonaws.com/accelerator",
+    "accelerator",
+)
+"""Labels that name a node's GPU model, most specific first."""
+
+UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
+
+
+def node_row(node: Mapping[str, Any], *, at_ms: int) -> dict[str, Any]:
+    """The `nodes` row of one observation of `node`, seen at `at_ms`."""
+    meta = _obj(node, "metadata")
+    spec = _obj(node, "spec")
+    status = _obj(node, "status")
+    name = meta.get("name")
+    if not isinstance(name, str) or not name:
+        raise PodFieldError("a node needs a name", field="metadata.name", value=name)
+    labels = {k: v for k, v in _obj(meta, "labels").items() if isinstance(v, str)}
+    rv = meta.get("resourceVersion")
+    return {
+        "name": name,
+        "gpu_model": gpu_model(labels),
+        "gpu_capacity": gpu_count(_obj(status, "capacity")),
+        "gpu_allocatable": gpu_count(_obj(status, "allocatable")),
+        "unschedulable": is_unschedulable(spec),
+        "labels": labels,
+        "resource_version": rv if isinstance(rv, str) else None,
+        "updated_ms": at_ms,
+    }
+
+
+def gpu_model(labels: Mapping[str, str]) -> str | None:
+    for key in GPU_MODEL_LABELS:
+        value = labels.get(key)
+        if value:
+            return value
+    return None
+
+
+def gpu_count(resources: Mapping[str, Any]) -> int:
+    """GPUs in a capacity/allocatable map; a quantity that is not a whole number counts 0."""
+    total = 0
+    for name, qty in resources.items():
+        if is_gpu_resource(name):
+            text = str(qty).strip()
+            total += int(text) if text.isdigit() else 0
+    return total
+
+
+def is_unschedulable(spec: Mapping[str, Any]) -> bool:
+    if spec.get("unschedulable") is True:
+        return True
+    taints = spec.get("taints")
+    if not isinstance(taints, list):
+        return False
+    return any(isinstance(t, Mapping) and t.get("key") == UNSCHEDULABLE_TAINT for t in taints)
+
+
+def _obj(parent: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    value = parent.get(key)
+    return value if isinstance(value, Mapping) else {}
