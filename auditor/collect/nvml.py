@@ -1,0 +1,211 @@
+"""The NVML adapter: the only module that imports `pynvml`. Reads every GPU and MIG instance.
+
+`NvmlReader.read()` returns one `Reading`: GPU records, one `GpuSample` per GPU, and the
+devices that failed this time. Utilisation comes from the driver's buffered samples
+(`nvmlDeviceGetSamples`), averaged over the time since the previous read, so a 5 s period
+is covered rather than aliased by one point; where the buffer is not supported the point
+reading (`nvmlDeviceGetUtilizationRates`) stands in. A sample is stamped with the start of
+the time it averages (the previous read), so it covers exactly that time (SPEC §3).
+
+A field NVML does not support, or fails to read, is `None`, never 0. A MIG-enabled card is
+reported as its MIG instances (GPUs of their own, NVML has no utilisation for them: `None`),
+not as the parent, whose capacity they share.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pynvml
+
+from auditor.errors import AuditorError
+from auditor.model import GpuRecord, GpuSample
+
+MIB = 1 << 20
+
+
+class DriverError(AuditorError):
+    """NVML cannot be used at all (library missing, driver not loaded): the sampler exits."""
+
+    exit_code = 4
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceProblem:
+    """A device that could not be read this time (GPU is lost, an NVML error)."""
+
+    index: int
+    uuid: str | None
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """What one pass over the node's devices saw, at `taken_ms`. Samples are stamped with
+    the start of the time they average."""
+
+    taken_ms: int
+    gpus: tuple[GpuRecord, ...]
+    samples: tuple[GpuSample, ...]
+    problems: tuple[DeviceProblem, ...]
+
+
+def _optional(call: Callable[..., Any], *args: Any) -> Any:
+    """The value, or None where NVML cannot give it (not supported, or any error)."""
+    try:
+        return call(*args)
+    except pynvml.NVMLError:
+        return None
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+class NvmlReader:
+    """Reads the node's devices through NVML. `open()` first; `close()` when done."""
+
+    def __init__(
+        self, *, node: str, period_s: float = 5.0, clock: Callable[[], float] = time.time
+    ) -> None:
+        self.node = node
+        self.period_s = period_s
+        self._clock = clock
+        self._last_read_ms: int | None = None
+        self._last_seen_us: dict[str, int] = {}
+        self._no_buffer: set[str] = set()
+
+    def open(self) -> None:
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as e:
+            raise DriverError(f"cannot initialise NVML: {e}") from e
+
+    def close(self) -> None:
+        _optional(pynvml.nvmlShutdown)
+
+    def read(self) -> Reading:
+        """One pass over every device; a failing device is a problem, not a failed pass."""
+        now_ms = int(self._clock() * 1000)
+        start_ms = (
+            self._last_read_ms
+            if self._last_read_ms is not None
+            else now_ms - int(self.period_s * 1000)
+        )
+        self._last_read_ms = now_ms
+        try:
+            count = pynvml.nvmlDeviceGetCount()
+        except pynvml.NVMLError as e:
+            raise DriverError(f"NVML cannot count devices: {e}") from e
+        gpus: list[GpuRecord] = []
+        samples: list[GpuSample] = []
+        problems: list[DeviceProblem] = []
+        for index in range(count):
+            uuid: str | None = None
+            try:
+                handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+                uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
+                migs = self._mig_handles(handle)
+                if migs:
+                    for mig in migs:
+                        self._read_device(
+                            mig,
+                            index=None,
+                            parent=uuid,
+                            window=(start_ms, now_ms),
+                            out=(gpus, samples),
+                        )
+                else:
+                    self._read_device(
+                        handle,
+                        index=index,
+                        parent=None,
+                        window=(start_ms, now_ms),
+                        out=(gpus, samples),
+                    )
+            except pynvml.NVMLError as e:
+                problems.append(DeviceProblem(index, uuid, str(e)))
+        return Reading(now_ms, tuple(gpus), tuple(samples), tuple(problems))
+
+    def _mig_handles(self, handle: Any) -> list[Any]:
+        count = _optional(pynvml.nvmlDeviceGetMaxMigDeviceCount, handle)
+        if not count:
+            return []
+        found = []
+        for i in range(count):
+            mig = _optional(pynvml.nvmlDeviceGetMigDeviceHandleByIndex, handle, i)
+            if mig is not None:
+                found.append(mig)
+        return found
+
+    def _read_device(
+        self,
+        handle: Any,
+        *,
+        index: int | None,
+        parent: str | None,
+        window: tuple[int, int],
+        out: tuple[list[GpuRecord], list[GpuSample]],
+    ) -> None:
+        uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
+        util = self._utilisation(handle, uuid, window)  # first: a lost GPU raises here
+        name = _optional(pynvml.nvmlDeviceGetName, handle)
+        memory = _optional(pynvml.nvmlDeviceGetMemoryInfo, handle)
+        total = None if memory is None else memory.total / MIB
+        power_mw = _optional(pynvml.nvmlDeviceGetPowerUsage, handle)
+        throttle = _optional(_throttle_reasons, handle)
+        clock = _optional(pynvml.nvmlDeviceGetClockInfo, handle, pynvml.NVML_CLOCK_SM)
+        temp = _optional(pynvml.nvmlDeviceGetTemperature, handle, pynvml.NVML_TEMPERATURE_GPU)
+        out[0].append(
+            GpuRecord(uuid, self.node, index, None if name is None else _text(name), total, parent)
+        )
+        out[1].append(
+            GpuSample(
+                gpu_uuid=uuid,
+                ts_ms=window[0],
+                util=util,
+                memory_used_mib=None if memory is None else memory.used / MIB,
+                memory_total_mib=total,
+                power_w=None if power_mw is None else power_mw / 1000.0,
+                sm_clock_mhz=None if clock is None else float(clock),
+                throttle_reasons=None if throttle is None else f"0x{throttle:016x}",
+                temperature_c=None if temp is None else float(temp),
+            )
+        )
+
+    def _utilisation(self, handle: Any, uuid: str, window: tuple[int, int]) -> float | None:
+        """Mean of the buffered samples since the last one seen; else the point reading."""
+        if uuid not in self._no_buffer:
+            since_us = self._last_seen_us.get(uuid, window[0] * 1000)
+            try:
+                _, buffered = pynvml.nvmlDeviceGetSamples(
+                    handle, pynvml.NVML_GPU_UTILIZATION_SAMPLES, since_us
+                )
+            except pynvml.NVMLError_NotSupported:
+                self._no_buffer.add(uuid)
+            except pynvml.NVMLError_GpuIsLost:
+                raise
+            except pynvml.NVMLError:
+                pass  # nothing new in the buffer (NOT_FOUND) or a passing error: point reading
+            else:
+                until_us = window[1] * 1000
+                fresh = [s for s in buffered if since_us < s.timeStamp <= until_us]
+                if fresh:
+                    self._last_seen_us[uuid] = max(s.timeStamp for s in fresh)
+                    return sum(float(s.sampleValue.uiVal) for s in fresh) / len(fresh)
+        try:
+            return float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+        except pynvml.NVMLError_GpuIsLost:
+            raise
+        except pynvml.NVMLError:
+            return None
+
+
+def _throttle_reasons(handle: Any) -> int:
+    try:
+        return int(pynvml.nvmlDeviceGetCurrentClocksEventReasons(handle))
+    except pynvml.NVMLError_FunctionNotFound:
+        return int(pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle))

@@ -1,0 +1,188 @@
+"""The node sampler's loop, over Protocols: a device reader, a holder source, a sink.
+
+Every `period_s` it reads the node's GPUs and who holds them, and appends the pass to the
+on-disk buffer; every `flush_every_s` it writes the buffered passes, oldest first and in
+batches, to the sink. A store outage leaves passes in the buffer (bounded, oldest dropped
+and counted) until the store is back. A failing device or pod-resources call is counted and
+the pass goes on; only NVML failing as a whole (`DriverError`) ends the loop, so that the
+DaemonSet restarts the sampler.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from auditor.collect.buffer import Batch, DiskBuffer, Holding
+from auditor.collect.podresources import DeviceHolder, normalise_device_id
+from auditor.collect.sampler_metrics import SamplerMetrics
+from auditor.collect.sink import Sink
+from auditor.errors import AuditorError
+from auditor.model import GpuRecord, GpuSample
+
+log = logging.getLogger(__name__)
+
+
+class NodeReading(Protocol):
+    """One pass over the node's devices (`auditor.collect.nvml.Reading` is one)."""
+
+    @property
+    def taken_ms(self) -> int: ...
+    @property
+    def gpus(self) -> Sequence[GpuRecord]: ...
+    @property
+    def samples(self) -> Sequence[GpuSample]: ...
+    @property
+    def problems(self) -> Sequence[object]: ...
+
+
+class Reader(Protocol):
+    """Reads the node's devices (the NVML reader, or a fake)."""
+
+    def read(self) -> NodeReading: ...
+
+
+class HolderSource(Protocol):
+    """Says which pod containers hold which devices (pod-resources, or a fake)."""
+
+    def list_gpu_holders(self) -> Sequence[DeviceHolder]: ...
+
+
+def holdings(reading: NodeReading, holders: Sequence[DeviceHolder]) -> tuple[Holding, ...]:
+    """Holder device IDs (UUIDs, or GPU indexes) as holdings of the GPUs read."""
+    by_uuid = {g.uuid for g in reading.gpus}
+    by_index = {str(g.index): g.uuid for g in reading.gpus if g.index is not None}
+    found: dict[tuple[str, str, str], Holding] = {}
+    for h in holders:
+        device = normalise_device_id(h.device_id)
+        uuid = device if device in by_uuid else by_index.get(device)
+        if uuid is None:
+            continue  # a device this reader did not see (lost this pass)
+        t = reading.taken_ms
+        found[(h.namespace, h.pod, uuid)] = Holding(h.namespace, h.pod, uuid, t, t)
+    return tuple(found.values())
+
+
+@dataclass(frozen=True)
+class SamplerSettings:
+    period_s: float = 5.0
+    """Seconds between passes over the devices."""
+    flush_every_s: float = 30.0
+    """Seconds between writes to the store (passes are batched in between)."""
+    flush_batches: int = 720
+    """Most passes written in one transaction."""
+    holding_ttl_s: float = 3600.0
+    """A holding whose pod the store does not know after this long is dropped and counted."""
+
+
+class Sampler:
+    """Runs passes and flushes; `run()` loops until `stop` is set (or `max_passes`)."""
+
+    def __init__(
+        self,
+        *,
+        reader: Reader,
+        holders: HolderSource | None,
+        sink: Sink,
+        buffer: DiskBuffer,
+        metrics: SamplerMetrics,
+        settings: SamplerSettings = SamplerSettings(),
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.reader = reader
+        self.holders = holders
+        self.sink = sink
+        self.buffer = buffer
+        self.metrics = metrics
+        self.settings = settings
+        self.clock = clock
+        self.stop = threading.Event()
+        self._flushing = threading.Lock()
+
+    def sample_once(self) -> NodeReading:
+        """One pass: read, map, append to the buffer."""
+        started = time.perf_counter()
+        reading = self.reader.read()
+        held: tuple[Holding, ...] = ()
+        if self.holders is not None:
+            try:
+                held = holdings(reading, self.holders.list_gpu_holders())
+            except AuditorError as e:
+                self.metrics.mapping_errors.inc()
+                log.warning("%s", e)
+        for problem in reading.problems:
+            log.warning("device unreadable: %s", problem)
+        batch = Batch(tuple(reading.gpus), tuple(reading.samples), held)
+        dropped = self.buffer.push(batch)
+        self.metrics.passed(
+            gpus=len(batch.gpus),
+            problems=len(reading.problems),
+            dropped=dropped,
+            buffered=len(self.buffer),
+            at=self.clock(),
+            seconds=time.perf_counter() - started,
+        )
+        return reading
+
+    def flush(self) -> bool:
+        """Write buffered passes, oldest first, until empty or the store fails."""
+        with self._flushing:
+            return self._flush()
+
+    def _flush(self) -> bool:
+        while True:
+            items = self.buffer.oldest(self.settings.flush_batches)
+            pending = self.buffer.unresolved()
+            if not items and not pending:
+                return True
+            try:
+                left = self.sink.write([b for _, b in items], pending=pending)
+            except Exception as e:  # any store failure: keep the passes for later
+                self.metrics.store_errors.inc()
+                log.warning("store write failed, %d passes kept: %s", len(self.buffer), e)
+                return False
+            now_ms = int(self.clock() * 1000)
+            keep_after = now_ms - int(self.settings.holding_ttl_s * 1000)
+            upto = items[-1][0] if items else 0
+            dropped = self.buffer.stored(upto_seq=upto, unresolved=left, keep_after_ms=keep_after)
+            self.metrics.stored(
+                samples=sum(len(b.samples) for _, b in items),
+                holdings_dropped=dropped,
+                unresolved=len(self.buffer.unresolved()),
+                buffered=len(self.buffer),
+            )
+            if len(items) < self.settings.flush_batches:
+                return True
+
+    def run(self, *, max_passes: int | None = None) -> None:
+        """Pass every period, on the period's grid (no drift), until `stop` is set or after
+        `max_passes`; a flusher thread stores the buffer meanwhile, so a slow or unreachable
+        store never delays a pass. Flushes once more at the end."""
+        flusher = threading.Thread(target=self._flush_loop, name="sampler-flush", daemon=True)
+        flusher.start()
+        passes = 0
+        period = self.settings.period_s
+        next_at = self.clock()
+        try:
+            while not self.stop.is_set():
+                self.sample_once()
+                passes += 1
+                if max_passes is not None and passes >= max_passes:
+                    break
+                next_at += period
+                now = self.clock()
+                if next_at < now:  # fell behind: skip to the next slot of the grid
+                    next_at = now + period - (now - next_at) % period
+                self.stop.wait(max(0.0, next_at - now))
+        finally:
+            self.stop.set()
+            flusher.join()
+            self.flush()
+
+    def _flush_loop(self) -> None:
+        while not self.stop.wait(self.settings.flush_every_s):
+            self.flush()

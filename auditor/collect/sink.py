@@ -1,0 +1,113 @@
+"""Where the sampler's batches go: the auditor's store, in one idempotent transaction.
+
+Pod-resources names a pod by namespace/name, while the store keys pods by UID (recorded by
+the watcher or `import pods`). A holding is joined to the pod of that name whose tenure
+(bound, or created, until finished or deleted, give or take `slack_ms`) overlaps it, the
+latest such pod where a name was reused. A holding whose pod is not stored yet is handed
+back, to be tried again on the next flush.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol
+
+from sqlalchemy import Connection, Engine, select
+
+from auditor.collect.buffer import Batch, Holding, merge_holdings
+from auditor.store.schema import gpus, pods
+from auditor.store.writes import insert_samples, upsert_assignments, upsert_gpus
+
+SOURCE = "pod-resources"
+
+
+class Sink(Protocol):
+    """Stores batches; returns the holdings it could not join to a pod yet."""
+
+    def write(self, batches: Sequence[Batch], *, pending: Sequence[Holding]) -> list[Holding]: ...
+
+
+class StoreSink:
+    """Writes batches to the auditor's database, connecting on first use (and again after a
+    failed connection), so a sampler starts while the database is down."""
+
+    def __init__(self, connect: Callable[[], Engine], *, slack_ms: int = 60_000) -> None:
+        self._connect = connect
+        self._engine: Engine | None = None
+        self.slack_ms = slack_ms
+
+    @property
+    def engine(self) -> Engine:
+        if self._engine is None:
+            self._engine = self._connect()
+        return self._engine
+
+    def write(self, batches: Sequence[Batch], *, pending: Sequence[Holding]) -> list[Holding]:
+        holdings = merge_holdings([*pending, *(h for b in batches for h in b.holdings)])
+        with self.engine.begin() as conn:
+            latest = {g.uuid: g for b in batches for g in b.gpus}
+            ids = upsert_gpus(conn, latest.values())
+            samples = [s for b in batches for s in b.samples]
+            missing = {h.gpu_uuid for h in holdings} - set(ids)
+            if missing:  # holdings of GPUs seen in an earlier flush
+                known = conn.execute(select(gpus.c.uuid, gpus.c.id).where(gpus.c.uuid.in_(missing)))
+                ids.update({u: i for u, i in known})
+            insert_samples(conn, samples, ids)
+            seen, unresolved = resolve_holdings(conn, holdings, ids, slack_ms=self.slack_ms)
+            upsert_assignments(conn, seen, source=SOURCE)
+        return unresolved
+
+
+Tenure = tuple[str, int, int | None]
+"""A stored pod's (uid, start, end): bound (else created) to finished/deleted, end None if
+still running."""
+
+
+def resolve_holdings(
+    conn: Connection, holdings: Sequence[Holding], gpu_ids: Mapping[str, int], *, slack_ms: int
+) -> tuple[list[tuple[str, int, int]], list[Holding]]:
+    """Holdings joined to stored pods by namespace/name and time, as (pod_uid, gpu_id, ts)
+    observations for `upsert_assignments`; and the holdings whose pod is not stored."""
+    names = {(h.namespace, h.pod) for h in holdings}
+    tenures: dict[tuple[str, str], list[Tenure]] = {}
+    if names:
+        rows = conn.execute(
+            select(
+                pods.c.namespace,
+                pods.c.name,
+                pods.c.uid,
+                pods.c.bound_ms,
+                pods.c.created_ms,
+                pods.c.finished_ms,
+                pods.c.deleted_ms,
+            ).where(
+                pods.c.namespace.in_({n for n, _ in names}),
+                pods.c.name.in_({p for _, p in names}),
+            )
+        )
+        for ns, name, uid, bound, created, finished, deleted in rows:
+            start = bound if bound is not None else created
+            ends = [t for t in (finished, deleted) if t is not None]
+            tenures.setdefault((ns, name), []).append(
+                (uid, start if start is not None else 0, min(ends) if ends else None)
+            )
+    seen: list[tuple[str, int, int]] = []
+    unresolved: list[Holding] = []
+    for h in holdings:
+        uid = _pod_uid(tenures.get((h.namespace, h.pod), []), h, slack_ms)
+        gpu_id = gpu_ids.get(h.gpu_uuid)
+        if uid is None or gpu_id is None:
+            unresolved.append(h)
+            continue
+        seen += [(uid, gpu_id, h.first_ms), (uid, gpu_id, h.last_ms)]
+    return seen, unresolved
+
+
+def _pod_uid(candidates: list[Tenure], h: Holding, slack_ms: int) -> str | None:
+    """The latest-started pod of that name whose tenure overlaps the holding."""
+    fitting = [
+        (start, uid)
+        for uid, start, end in candidates
+        if start <= h.last_ms + slack_ms and (end is None or end >= h.first_ms - slack_ms)
+    ]
+    return max(fitting)[1] if fitting else None

@@ -1,0 +1,102 @@
+"""Throughput of `auditor import prometheus`: a backfilled week of dcgm-exporter data.
+
+Backfills a week of N GPUs (default 64: 8 nodes x 8, half held by pods, a quarter with
+profiling metrics) at a 30 s scrape interval into a throwaway Prometheus (Debian's
+`prometheus` and `promtool`), then imports it into a fresh SQLite (or --db) store and prints
+samples per second. Run: .venv/bin/python bench/bench_prometheus_import.py [--gpus 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from promserver import Card, backfill, start_prometheus
+
+from auditor.jobs import import_prometheus, open_store
+from auditor.model import PodRecord, WorkloadKind
+from auditor.store.writes import upsert_pods
+
+DAY = 86_400
+
+
+def add_pods(url: str, names: list[str], *, bound_s: int) -> None:
+    """The pods the dcgm-exporter labels name, as the watcher would have stored them."""
+    with open_store(url).begin() as conn:
+        upsert_pods(
+            conn,
+            [
+                PodRecord(
+                    uid=f"uid-{name}",
+                    namespace="team-a",
+                    name=name,
+                    node=None,
+                    team="team-a",
+                    job=f"Pod/{name}",
+                    job_kind="Pod",
+                    workload=WorkloadKind.TRAINING,
+                    gang=f"uid-{name}",
+                    gpu_count=1,
+                    bound_ms=(bound_s - 60) * 1000,
+                )
+                for name in names
+            ],
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gpus", type=int, default=64)
+    parser.add_argument("--days", type=int, default=7)
+    parser.add_argument("--step", type=int, default=30)
+    parser.add_argument("--db", default=None, help="store URL (default: a new SQLite file)")
+    args = parser.parse_args()
+    end = (int(time.time()) // DAY) * DAY
+    start = end - args.days * DAY
+    cards = [
+        Card(
+            f"GPU-{i:08d}",
+            i % 8,
+            f"node-{i // 8}",
+            holders=[(start, end, "team-a", f"job-{i // 2}")] if i % 2 == 0 else (),
+            profiling=i % 4 == 0,
+        )
+        for i in range(args.gpus)
+    ]
+    metrics = {
+        "DCGM_FI_DEV_GPU_UTIL": lambda c, t: float((t // 30 + c.gpu) % 101),
+        "DCGM_FI_DEV_FB_USED": lambda c, t: 20000.0,
+        "DCGM_FI_DEV_FB_FREE": lambda c, t: 61000.0,
+        "DCGM_FI_PROF_SM_ACTIVE": lambda c, t: 0.5,
+    }
+    with tempfile.TemporaryDirectory(prefix="bench-prom-") as tmp:
+        root = Path(tmp)
+        t0 = time.perf_counter()
+        lines = backfill(
+            cards, root / "tsdb", start_s=start, end_s=end, interval_s=args.step, metrics=metrics
+        )
+        t1 = time.perf_counter()
+        server = start_prometheus(root / "tsdb", root)
+        try:
+            print(f"backfilled {lines:,} series samples in {t1 - t0:.1f}s", flush=True)
+            url = args.db or f"sqlite:///{root / 'auditor.db'}"
+            add_pods(url, [f"job-{i // 2}" for i in range(0, args.gpus, 2)], bound_s=start)
+            stats = import_prometheus(
+                url, prometheus_url=server.url, window=(start * 1000, end * 1000), step_s=args.step
+            )
+        finally:
+            server.stop()
+    print(
+        f"imported {stats.samples:,} GPU samples of {stats.gpus} GPUs ({args.days} days, "
+        f"{args.step}s step) and {stats.holdings:,} GPU->pod assignments in {stats.seconds:.1f}s: "
+        f"{stats.samples / stats.seconds:,.0f} samples/s"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,206 @@
+"""A throwaway Prometheus for tests and benchmarks, holding backfilled dcgm-exporter data.
+
+`write_dcgm_openmetrics` writes dcgm-exporter-style series as OpenMetrics text; `backfill`
+turns them into TSDB blocks with `promtool tsdb create-blocks-from openmetrics`;
+`start_prometheus` starts Debian's `prometheus` over them on 127.0.0.1, a free port. Where the
+binaries are missing the caller skips (fails under CI, where they must be installed).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+import urllib.request
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+START_TIMEOUT_S = 60
+
+
+def binaries() -> tuple[str, str] | str:
+    """(prometheus, promtool), or why they cannot be used."""
+    prometheus, promtool = shutil.which("prometheus"), shutil.which("promtool")
+    if prometheus is None or promtool is None:
+        return "prometheus/promtool not installed (apt-get install prometheus)"
+    return prometheus, promtool
+
+
+@dataclass(frozen=True)
+class Card:
+    """One dcgm-exporter GPU: labels, and who held it when ([start_s, end_s) -> ns/pod)."""
+
+    uuid: str
+    gpu: int
+    hostname: str
+    model: str = "NVIDIA H100 80GB HBM3"
+    mig_instance: int | None = None
+    holders: Sequence[tuple[int, int, str, str]] = field(default_factory=tuple)
+    profiling: bool = False
+
+    def labels(self, t: int) -> str:
+        parts = [
+            f'gpu="{self.gpu}"',
+            f'UUID="{self.uuid}"',
+            f'device="nvidia{self.gpu}"',
+            f'modelName="{self.model}"',
+            f'Hostname="{self.hostname}"',
+        ]
+        if self.mig_instance is not None:
+            parts += [f'GPU_I_ID="{self.mig_instance}"', 'GPU_I_PROFILE="1g.10gb"']
+        for start, end, namespace, pod in self.holders:
+            if start <= t < end:
+                parts += ['container="main"', f'namespace="{namespace}"', f'pod="{pod}"']
+        return ",".join(parts)
+
+
+Value = Callable[[Card, int], float]
+
+
+def write_dcgm_openmetrics(
+    out: TextIO,
+    cards: Sequence[Card],
+    *,
+    start_s: int,
+    end_s: int,
+    interval_s: int,
+    metrics: dict[str, Value],
+) -> int:
+    """Samples every `interval_s` in [start_s, end_s); returns the lines of samples written."""
+    lines = 0
+    for name, value in metrics.items():
+        out.write(f"# TYPE {name} gauge\n")
+        for card in cards:
+            if name.startswith("DCGM_FI_PROF_") and not card.profiling:
+                continue
+            for t in range(start_s, end_s, interval_s):
+                out.write(f"{name}{{{card.labels(t)}}} {value(card, t):g} {t}\n")
+                lines += 1
+    out.write("# EOF\n")
+    return lines
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@dataclass
+class PromServer:
+    process: subprocess.Popen[bytes]
+    url: str
+    root: Path
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+BLOCK_S = 7200
+"""promtool's block length: it re-reads its whole input once per block, so the data is
+written and converted one two-hour file at a time, in parallel."""
+
+
+def backfill(
+    cards: Sequence[Card],
+    data: Path,
+    *,
+    start_s: int,
+    end_s: int,
+    interval_s: int,
+    metrics: dict[str, Value],
+) -> int:
+    """Write the series into TSDB blocks under `data`; returns the samples written."""
+    found = binaries()
+    if isinstance(found, str):
+        raise RuntimeError(found)
+    promtool = found[1]
+    work = data.parent / "openmetrics"
+    work.mkdir(parents=True, exist_ok=True)
+    data.mkdir(parents=True, exist_ok=True)
+
+    def one_block(block_start: int) -> int:
+        source = work / f"{block_start}.om.txt"
+        with source.open("w", encoding="utf-8") as out:
+            first = max(start_s, block_start + (start_s - block_start) % interval_s)
+            lines = write_dcgm_openmetrics(
+                out,
+                cards,
+                start_s=first,
+                end_s=min(end_s, block_start + BLOCK_S),
+                interval_s=interval_s,
+                metrics=metrics,
+            )
+        out_dir = work / f"{block_start}.blocks"
+        subprocess.run(
+            [
+                promtool,
+                "tsdb",
+                "create-blocks-from",
+                "openmetrics",
+                "-q",
+                str(source),
+                str(out_dir),
+            ],
+            check=True,
+            capture_output=True,
+            timeout=600,
+        )
+        for block in out_dir.iterdir():
+            block.rename(data / block.name)
+        source.unlink()
+        return lines
+
+    blocks = range(start_s - start_s % BLOCK_S, end_s, BLOCK_S)
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 4) as pool:
+        return sum(pool.map(one_block, blocks))
+
+
+def start_prometheus(data: Path, root: Path) -> PromServer:
+    """Serve the TSDB at `data` (filled by `backfill`) on a free loopback port."""
+    found = binaries()
+    if isinstance(found, str):
+        raise RuntimeError(found)
+    prometheus = found[0]
+    config = root / "prometheus.yml"
+    config.write_text("global:\n  scrape_interval: 30s\n", encoding="utf-8")
+    port = _free_port()
+    log = (root / "prometheus.log").open("wb")
+    process = subprocess.Popen(
+        [
+            prometheus,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={data}",
+            "--storage.tsdb.retention.time=3650d",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--log.level=warn",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        env={k: v for k, v in os.environ.items() if not k.startswith("HTTP")},
+    )
+    server = PromServer(process, f"http://127.0.0.1:{port}", root)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError((root / "prometheus.log").read_text(errors="replace")[-3000:])
+        try:
+            with urllib.request.urlopen(f"{server.url}/-/ready", timeout=2) as r:
+                if r.status == 200:
+                    return server
+        except OSError:
+            time.sleep(0.2)
+    server.stop()
+    raise RuntimeError(f"prometheus not ready within {START_TIMEOUT_S}s")
