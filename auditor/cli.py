@@ -270,7 +270,7 @@ def import_prometheus(
         )
     typer.echo(
         f"imported {stats.samples} samples of {stats.gpus} GPUs and {stats.holdings} GPU -> pod "
-        f"spans from {url} in {stats.seconds:.1f}s"
+        f"assignments from {url} in {stats.seconds:.1f}s"
     )
     if stats.unresolved:
         typer.echo(
@@ -425,6 +425,7 @@ class Format(StrEnum):
     JSON = "json"
     CSV = "csv"
     PROMETHEUS = "prometheus"
+    HTML = "html"
 
 
 class By(StrEnum):
@@ -464,6 +465,20 @@ def report(
             by=GroupBy(by.value),
             team=team,
         )
+        if fmt is Format.HTML:
+            text = jobs.build_report_html(
+                state.db_url,
+                start_ms=window[0] if window else None,
+                end_ms=window[1] if window else None,
+                by=GroupBy(by.value),
+                team=team,
+                thresholds=state.config().thresholds,
+            )
+            if out is not None:
+                write_atomically(out, text)
+                return
+            typer.echo(text, nl=False)
+            return
         renderers = {
             Format.TABLE: render_table,
             Format.JSON: render_json,
@@ -475,6 +490,34 @@ def report(
             write_atomically(out, text)
             return
     typer.echo(text, nl=False)
+
+
+@app.command()
+def explain(
+    target: Annotated[
+        str,
+        typer.Argument(
+            metavar="JOB_OR_POD",
+            help="namespace/Kind/name, Kind/name, namespace/pod or a pod name.",
+        ),
+    ],
+    html: Annotated[
+        Path | None, typer.Option("--html", help="Also write the timeline chart as HTML here.")
+    ] = None,
+    width: Annotated[
+        int, typer.Option("--width", min=20, help="Characters per timeline strip.")
+    ] = 72,
+) -> None:
+    """Each card of a job or pod over time: categories, findings, what it waited on, next steps."""
+    from auditor import jobs
+    from auditor.report.explain import render_explain_text
+    from auditor.report.html import render_explain_html
+
+    with user_errors():
+        ex = jobs.explain(state.db_url, target, thresholds=state.config().thresholds)
+        if html is not None:
+            write_atomically(html, render_explain_html(ex))
+    typer.echo(render_explain_text(ex, width=width), nl=False)
 
 
 def last_week(now: datetime) -> str:
@@ -534,7 +577,7 @@ def sample(
     ] = 5.0,
     flush_every: Annotated[
         float,
-        typer.Option("--flush-every", min=0.0, help="Seconds between writes to the database."),
+        typer.Option("--flush-every", min=1.0, help="Seconds between writes to the database."),
     ] = 30.0,
     max_buffered: Annotated[
         int,

@@ -6,12 +6,13 @@ CLI is one caller; tests and the in-cluster jobs are others.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import tzinfo
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from auditor import __version__
 from auditor.errors import AuditorError, InputError
@@ -21,12 +22,17 @@ if TYPE_CHECKING:
     import pandas as pd
     from sqlalchemy import Engine
 
+    from auditor.report.explain import Explanation
     from auditor.report.render import Report
     from auditor.report.summary import GroupBy
 
 Progress = Callable[[int], None]
 T = TypeVar("T")
-BATCH_ROWS = 5_000
+BATCH_ROWS = 20_000
+AUDIT_CHUNK_NODES = 8
+"""Nodes classified together: memory follows this, not the fleet."""
+READ_MARGIN_MS = 15 * 60_000
+"""Samples read past the last tenure end: enough for any sane period's successor sample."""
 
 
 @dataclass(frozen=True)
@@ -165,9 +171,10 @@ def data_window(url: str, *, period_s: float) -> tuple[int, int]:
 
 def shard_of(node: str, shards: int) -> int:
     """The shard a node belongs to: a stable hash, the same in every process and release."""
-    import zlib
+    import hashlib
 
-    return zlib.crc32(node.encode("utf-8")) % shards
+    digest = hashlib.sha256(node.encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") % shards
 
 
 def audit(
@@ -176,13 +183,15 @@ def audit(
     window: tuple[int, int] | None,
     thresholds: Thresholds,
     shard: tuple[int, int] | None = None,
+    chunk_nodes: int = AUDIT_CHUNK_NODES,
     now_ms: int | None = None,
 ) -> AuditStats:
     """Classify a window and store it as an audit run, replacing the runs it supersedes.
 
-    With `shard=(i, n)` only the cards of the nodes in shard i are classified and stored; the
-    cards of their gangs on other nodes are read as context, so the N shards together store
-    exactly what one unsharded run would.
+    The cards are classified in chunks of `chunk_nodes` nodes, each with the cards of its
+    gangs on other nodes read as context, so memory follows the chunk, not the fleet. With
+    `shard=(i, n)` only the nodes of shard i are audited; the n shards together store
+    exactly what one unsharded run stores.
     """
     from auditor.classify.engine import Window, classify
     from auditor.classify.tenures import build_tenures
@@ -196,69 +205,39 @@ def audit(
     if end_ms <= start_ms:
         raise InputError("the audit window ends before it starts", field="--end")
     engine = open_store(url)
+    result_rows: list[dict[str, object]] = []
+    finding_rows: list[dict[str, object]] = []
+    n_samples = n_gpus = 0
     with engine.connect() as conn:
         gpus = reads.read_gpus(conn)
         pods = reads.read_pods(conn)
         assignments = reads.read_assignments(conn)
         tenures = build_tenures(pods, gpus, assignments, now_ms=end_ms)
-        own = set(gpus["uuid"])
-        if shard is not None:
-            own = {
-                u
-                for u, n in zip(gpus["uuid"], gpus["node"], strict=True)
-                if shard_of(str(n), shard[1]) == shard[0]
-            }
-            gangs = set(tenures.loc[tenures["gpu"].isin(own), "gang"])
-            context = own | set(tenures.loc[tenures["gang"].isin(gangs), "gpu"])
-            tenures = tenures[tenures["gpu"].isin(context)]
+        # Whole tenures (SPEC §3): read from the first start to the last end of the tenures
+        # that overlap the window, plus a margin so the last sample in range meets its
+        # successor. The range is the same for every chunk and shard, so each card sees the
+        # same data however the fleet is split.
         overlapping = tenures[(tenures["start_ms"] < end_ms) & (tenures["end_ms"] > start_ms)]
         lo = min(start_ms, int(overlapping["start_ms"].min())) if len(overlapping) else start_ms
         hi = max(end_ms, int(overlapping["end_ms"].max())) if len(overlapping) else end_ms
-        ids = None
-        if shard is not None:
-            ids = [
-                int(i)
-                for i, u in zip(gpus["id"], gpus["uuid"], strict=True)
-                if u in set(tenures["gpu"]) | own
-            ]
-        samples = reads.read_samples(conn, start_ms=lo, end_ms=hi, gpu_ids=ids)
-    result = classify(samples, tenures, window=Window(start_ms, end_ms), thresholds=thresholds)
-    res = result.results[result.results["gpu"].isin(own)]
-    fnd = result.findings[result.findings["gpu"].isin(own) | result.findings["gpu"].isna()]
-    gpu_ids = dict(zip(gpus["uuid"], gpus["id"], strict=True))
-    inferred = {
-        (g, p): bool(i)
-        for g, p, i in zip(tenures["gpu"], tenures["pod_uid"], tenures["inferred"], strict=True)
-    }
-    result_rows = [
-        {
-            "gpu_id": int(gpu_ids[g]),
-            "pod_uid": p,
-            "category": c,
-            "seconds": float(s),
-            "inferred": inferred.get((g, p), False) if p is not None else False,
-        }
-        for g, p, c, s in zip(
-            res["gpu"], _none(res["pod_uid"]), res["category"], res["seconds"], strict=True
-        )
-    ]
-    finding_rows = [
-        {
-            "kind": k,
-            "gang": gang,
-            "gpu_id": None if g is None else int(gpu_ids[g]),
-            "pod_uid": p,
-            "start_ms": None if a is None else int(a),
-            "end_ms": None if b is None else int(b),
-            "seconds": float(s),
-            "detail": d,
-        }
-        for k, gang, g, p, a, b, s, d in zip(
-            fnd["kind"], _none(fnd["gang"]), _none(fnd["gpu"]), _none(fnd["pod_uid"]),
-            _none(fnd["start_ms"]), _none(fnd["end_ms"]), fnd["seconds"], _none(fnd["detail"]),
-            strict=True,
-        )
-    ]  # fmt: skip
+        hi += READ_MARGIN_MS
+        gpu_ids = dict(zip(gpus["uuid"], gpus["id"], strict=True))
+        first_card = tenures.groupby("gang")["gpu"].min()
+        for own, context in audit_parts(gpus, tenures, shard=shard, chunk_nodes=chunk_nodes):
+            part = tenures[tenures["gpu"].isin(context)]
+            samples = reads.read_samples(
+                conn, start_ms=lo, end_ms=hi, gpu_ids=[int(gpu_ids[u]) for u in sorted(context)]
+            )
+            result = classify(samples, part, window=Window(start_ms, end_ms), thresholds=thresholds)
+            res = result.results[result.results["gpu"].isin(own)]
+            # a finding about a whole gang (a checkpoint series) has no card: the part that
+            # owns the gang's first card stores it, so it is stored once
+            fnd = result.findings
+            fnd = fnd[fnd["gpu"].fillna(fnd["gang"].map(first_card)).isin(own)]
+            result_rows += _result_rows(res, part, gpu_ids)
+            finding_rows += _finding_rows(fnd, gpu_ids)
+            n_samples += int(samples["gpu"].isin(own).sum())
+            n_gpus += len(own & set(samples["gpu"]))
     with engine.begin() as conn:
         run_id = replace_audit_run(
             conn,
@@ -273,11 +252,78 @@ def audit(
     return AuditStats(
         run_id=run_id,
         window=(start_ms, end_ms),
-        gpus=len(own & set(samples["gpu"])),
-        samples=len(samples),
+        gpus=n_gpus,
+        samples=n_samples,
         tenures=len(tenures),
         seconds=time.perf_counter() - started,
     )
+
+
+def audit_parts(
+    gpus: pd.DataFrame,
+    tenures: pd.DataFrame,
+    *,
+    shard: tuple[int, int] | None,
+    chunk_nodes: int,
+) -> Iterator[tuple[set[str], set[str]]]:
+    """(own cards, cards to read) per chunk of `chunk_nodes` nodes of the shard, in node order.
+
+    The cards to read are the own cards and every card of their gangs, wherever it is.
+    """
+    nodes = sorted({str(n) for n in gpus["node"]})
+    if shard is not None:
+        nodes = [n for n in nodes if shard_of(n, shard[1]) == shard[0]]
+    card_node = dict(zip(gpus["uuid"], gpus["node"].astype(str), strict=True))
+    gang_cards = tenures.groupby("gang")["gpu"].agg(set)
+    for i in range(0, len(nodes), max(1, chunk_nodes)):
+        chunk = set(nodes[i : i + max(1, chunk_nodes)])
+        own = {u for u, n in card_node.items() if n in chunk}
+        gangs = set(tenures.loc[tenures["gpu"].isin(own), "gang"])
+        context = set(own)
+        for gang in gangs:
+            context |= gang_cards[gang]
+        yield own, context
+
+
+def _result_rows(
+    res: pd.DataFrame, tenures: pd.DataFrame, gpu_ids: dict[str, int]
+) -> list[dict[str, object]]:
+    inferred = {
+        (g, p): bool(i)
+        for g, p, i in zip(tenures["gpu"], tenures["pod_uid"], tenures["inferred"], strict=True)
+    }
+    return [
+        {
+            "gpu_id": int(gpu_ids[g]),
+            "pod_uid": p,
+            "category": c,
+            "seconds": float(s),
+            "inferred": inferred.get((g, p), False) if p is not None else False,
+        }
+        for g, p, c, s in zip(
+            res["gpu"], _none(res["pod_uid"]), res["category"], res["seconds"], strict=True
+        )
+    ]
+
+
+def _finding_rows(fnd: pd.DataFrame, gpu_ids: dict[str, int]) -> list[dict[str, object]]:
+    return [
+        {
+            "kind": k,
+            "gang": gang,
+            "gpu_id": None if g is None else int(gpu_ids[str(g)]),
+            "pod_uid": p,
+            "start_ms": None if a is None else int(str(a)),
+            "end_ms": None if b is None else int(str(b)),
+            "seconds": float(s),
+            "detail": d,
+        }
+        for k, gang, g, p, a, b, s, d in zip(
+            fnd["kind"], _none(fnd["gang"]), _none(fnd["gpu"]), _none(fnd["pod_uid"]),
+            _none(fnd["start_ms"]), _none(fnd["end_ms"]), fnd["seconds"], _none(fnd["detail"]),
+            strict=True,
+        )
+    ]  # fmt: skip
 
 
 def covering_runs(runs: pd.DataFrame, *, start_ms: int, end_ms: int, what: str) -> list[int]:
@@ -365,6 +411,100 @@ def build_report(
         totals=totals(scope),
         offenders=top_offenders(scope, findings, top=top),
     )
+
+
+def explain(url: str, target: str, *, thresholds: Thresholds, buckets: int = 600) -> Explanation:
+    """Each card of a job or pod over its whole tenure: timeline, findings, next steps.
+
+    Classifies the target's gang(s) afresh from the stored samples (no audit run needed), so
+    the totals are the classifier's for exactly the span the target held its cards."""
+    from auditor.classify.engine import Window, classify
+    from auditor.classify.tenures import build_tenures
+    from auditor.report.explain import build_explanation
+    from auditor.report.targets import resolve_target
+    from auditor.report.timeline import bucketise, clip_to_observed, sample_segments
+    from auditor.store import reads
+
+    engine = open_store(url)
+    with engine.connect() as conn:
+        pods = reads.read_pods(conn)
+        gpus = reads.read_gpus(conn)
+        label, uids = resolve_target(pods, target)
+        span = reads.sample_span(conn)
+        now_ms = span[1] if span else int(time.time() * 1000)
+        tenures = build_tenures(pods, gpus, reads.read_assignments(conn), now_ms=now_ms)
+        mine = tenures[tenures["pod_uid"].isin(uids)]
+        if mine.empty:
+            raise InputError(
+                f"{label} held no GPU: no pod of it was bound to a node", field="JOB_OR_POD"
+            )
+        gang = tenures[tenures["gang"].isin(set(mine["gang"]))]
+        g_lo, g_hi = int(gang["start_ms"].min()), int(gang["end_ms"].max())
+        cards = set(gang["gpu"])
+        ids = [int(i) for i, u in zip(gpus["id"], gpus["uuid"], strict=True) if u in cards]
+        samples = reads.read_samples(conn, start_ms=g_lo, end_ms=g_hi, gpu_ids=ids)
+    mine = clip_to_observed(mine, samples, thresholds=thresholds)
+    if mine.empty:
+        raise InputError(f"no GPU samples of {label}'s cards", field="JOB_OR_POD")
+    lo, hi = int(mine["start_ms"].min()), int(mine["end_ms"].max())
+    found = classify(samples, gang, window=Window(lo, hi), thresholds=thresholds)
+    segments = sample_segments(samples, gang, found.findings, thresholds=thresholds)
+    timelines = bucketise(
+        segments[segments["pod_uid"].isin(uids)], mine, span=(lo, hi), buckets=buckets
+    )
+    return build_explanation(
+        target=label,
+        window=(lo, hi),
+        timelines=timelines,
+        results=found.results,
+        findings=found.findings,
+        pods=pods,
+        gpus=gpus,
+    )
+
+
+def build_report_html(
+    url: str,
+    *,
+    start_ms: int | None,
+    end_ms: int | None,
+    by: GroupBy,
+    team: str | None,
+    thresholds: Thresholds,
+    timelines: int = 8,
+) -> str:
+    """The report as one HTML page, with the per-card utilisation and the timelines of the
+    `timelines` jobs that lead the offenders table."""
+    from auditor.report.html import render_report_html
+    from auditor.report.summary import card_utilisation
+    from auditor.store import reads
+
+    report = build_report(url, start_ms=start_ms, end_ms=end_ms, by=by, team=team)
+    engine = open_store(url)
+    with engine.connect() as conn:
+        runs = reads.runs_in_window(conn, start_ms=report.window[0], end_ms=report.window[1])
+        ids = covering_runs(
+            runs, start_ms=report.window[0], end_ms=report.window[1], what="the window"
+        )
+        results = reads.read_results(conn, ids)
+    if team is not None:
+        results = results[results["team"] == team]
+    util = card_utilisation(results)["util_pct"].tolist()
+    off = report.offenders.sort_values("gpu_hours", ascending=False, kind="stable")
+    offenders = [
+        str(o)
+        for o, t in zip(off["offender"], off["team"], strict=True)
+        if isinstance(t, str) and str(o).count("/") == 2
+    ]
+    shown: list[Explanation] = []
+    for target in dict.fromkeys(offenders):
+        if len(shown) >= timelines:
+            break
+        try:
+            shown.append(explain(url, target, thresholds=thresholds, buckets=200))
+        except InputError:
+            continue  # a job whose pods are gone from the store: no timeline to draw
+    return render_report_html(report, card_util=util, timelines=shown)
 
 
 @dataclass(frozen=True)
@@ -537,3 +677,201 @@ def sample(url: str, options: SampleOptions, *, log: Callable[[str], None]) -> N
             holders.close()
         reader.close()
         buffer.close()
+
+
+# ---------------------------------------------------------------- pod watcher
+
+
+@dataclass(frozen=True)
+class WatchOptions:
+    """How `auditor watch` runs (each default suits the single-replica Deployment)."""
+
+    kubeconfig: str | None = None
+    """A kubeconfig file; None: in-cluster, else `KUBECONFIG` / ~/.kube/config."""
+    context: str | None = None
+    namespace: str | None = None
+    """Watch pods of this namespace only; None: all namespaces."""
+    selector: str | None = None
+    """Label selector of the pods to watch."""
+    nodes: bool = True
+    """Watch nodes too (GPU model, capacity, cordoned)."""
+    metrics_host: str = "0.0.0.0"
+    metrics_port: int | None = 9403
+    """Port of /metrics and /healthz; 0: any free port; None: no server."""
+    health_max_age_s: float = 600.0
+    """/healthz fails when a watched kind has not synced for this long."""
+    watch_timeout_s: int = 300
+    """The server ends each watch after this long (it is then resumed)."""
+    connect_timeout_s: float = 10.0
+    read_timeout_s: float = 90.0
+    """A stream silent this long counts as dead (servers bookmark about every minute)."""
+    json_logs: bool = False
+
+
+def watch(
+    url: str,
+    options: WatchOptions,
+    *,
+    config: Config,
+    log: Callable[[str], None],
+    stop: threading.Event | None = None,
+) -> None:
+    """Record GPU pods (and nodes) from the Kubernetes API until stopped (SIGTERM).
+
+    Each kind runs its own list/watch loop in a thread; a loop that fails unexpectedly stops
+    the watcher with an error, so that Kubernetes restarts it (it resumes from the store)."""
+    import signal
+
+    from auditor.collect import kube
+    from auditor.collect.observe import WatchMetrics, serve, setup_logging
+    from auditor.collect.sinks import NodeSink, PodSink, requests_gpus, scope_filter
+    from auditor.collect.watcher import LoopOptions, Reflector
+
+    setup_logging(json_format=options.json_logs)
+    in_scope = scope_filter(options.namespace, options.selector)  # a bad selector fails here
+    engine = open_store(url)
+    api = kube.connect(kubeconfig=options.kubeconfig, context=options.context)
+    timeouts = kube.Timeouts(options.connect_timeout_s, options.read_timeout_s)
+    stop = stop or threading.Event()
+    pod_source = kube.KubeSource(
+        api,
+        kind=kube.Kind.PODS,
+        namespace=options.namespace,
+        selector=options.selector,
+        timeouts=timeouts,
+    )
+    pairs: list[tuple[kube.KubeSource, Any]] = [
+        (pod_source, PodSink(engine, scope=pod_source.scope, teams=config.teams, in_scope=in_scope))
+    ]
+    if options.nodes:
+        node_source = kube.KubeSource(api, kind=kube.Kind.NODES, timeouts=timeouts)
+        pairs.append((node_source, NodeSink(engine, scope=node_source.scope)))
+    metrics = WatchMetrics(tuple(str(source.kind) for source, _ in pairs))
+    loop = LoopOptions(watch_timeout_s=options.watch_timeout_s)
+    failures: list[BaseException] = []
+
+    def run(reflector: Reflector) -> None:
+        try:
+            reflector.run()
+        except BaseException as e:
+            failures.append(e)
+            stop.set()
+
+    threads = [
+        threading.Thread(
+            target=run,
+            args=(
+                Reflector(
+                    source,
+                    sink,
+                    metrics=metrics,
+                    stop=stop,
+                    options=loop,
+                    keep=requests_gpus if source.kind is kube.Kind.PODS else None,
+                ),
+            ),
+            name=f"watch-{source.kind}",
+            daemon=True,
+        )
+        for source, sink in pairs
+    ]
+    server = None
+    if options.metrics_port is not None:
+        try:
+            server = serve(
+                metrics,
+                address=options.metrics_host,
+                port=options.metrics_port,
+                max_age_s=options.health_max_age_s,
+            )
+        except OSError as e:
+            raise InputError(f"cannot listen: {e.strerror}", field="--metrics-port") from e
+        log(f"metrics on http://{options.metrics_host}:{server.server_address[1]}/metrics")
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: stop.set())
+    log(f"watching {', '.join(metrics.kinds)} ({pod_source.scope})")
+    for thread in threads:
+        thread.start()
+    try:
+        stop.wait()
+    finally:
+        stop.set()
+        for source, _ in pairs:
+            source.interrupt()
+        for thread in threads:
+            thread.join(timeout=10)  # no daemon thread may be writing a log line at exit
+        if server is not None:
+            server.shutdown()
+    if failures:
+        raise AuditorError(f"watch loop failed: {failures[0]!r}") from failures[0]
+
+
+# ---------------------------------------------------------------- Prometheus import
+
+
+@dataclass(frozen=True)
+class PrometheusImportStats:
+    samples: int
+    gpus: int
+    holdings: int
+    """(pod, GPU) pairs recorded from the pod labels."""
+    unresolved: int
+    """Spans naming a pod the store does not know (import pods, then re-run: harmless)."""
+    seconds: float
+
+
+def import_prometheus(
+    url: str,
+    *,
+    prometheus_url: str,
+    window: tuple[int, int],
+    step_s: float = 15.0,
+    max_points: int = 10_000,
+    progress: Callable[[int, int], None] | None = None,
+) -> PrometheusImportStats:
+    """Import dcgm-exporter samples and pod labels of a window in one transaction.
+
+    `progress(done, total)` is called after each chunk."""
+    from auditor.collect.prometheus import PrometheusClient, chunks, read_chunk
+    from auditor.collect.sink import resolve_holdings
+    from auditor.model import GpuRecord
+    from auditor.store.writes import insert_samples, upsert_assignments, upsert_gpus
+
+    started = time.perf_counter()
+    start_ms, end_ms = window
+    if end_ms <= start_ms:
+        raise InputError("the window ends before it starts", field="--end")
+    if step_s <= 0:
+        raise InputError("the step must be positive", field="--step")
+    step_ms = round(step_s * 1000)
+    client = PrometheusClient(prometheus_url)
+    parts = list(chunks(start_ms, end_ms, step_ms=step_ms, max_points=max_points))
+    engine = open_store(url)
+    known: dict[str, GpuRecord] = {}
+    ids: dict[str, int] = {}
+    samples = unresolved = 0
+    pairs: set[tuple[str, int]] = set()
+    with engine.begin() as conn:
+        for done, (first_ms, last_ms) in enumerate(parts, 1):
+            chunk = read_chunk(client, first_ms=first_ms, last_ms=last_ms, step_ms=step_ms)
+            new = [g for g in chunk.gpus.values() if known.get(g.uuid) != g]
+            if new:
+                ids.update(upsert_gpus(conn, new))
+                known.update((g.uuid, g) for g in new)
+            for batch in _batched(iter(chunk.samples), BATCH_ROWS):
+                samples += insert_samples(conn, batch, ids)
+            seen, left = resolve_holdings(conn, chunk.holdings, ids, slack_ms=step_ms)
+            upsert_assignments(conn, seen, source="dcgm-exporter")
+            pairs.update((uid, gpu_id) for uid, gpu_id, _ in seen)
+            unresolved += len(left)
+            if progress is not None:
+                progress(done, len(parts))
+        if samples == 0:
+            raise InputError(
+                f"no dcgm-exporter samples in Prometheus at {prometheus_url} for this window",
+                field="--start",
+            )
+    return PrometheusImportStats(
+        samples, len(ids), len(pairs), unresolved, time.perf_counter() - started
+    )

@@ -54,3 +54,20 @@ def test_shards_add_up_to_one_unsharded_run(db_url: str, tmp_path: Path, shards:
     assert report.totals["capacity_gpu_hours"] == pytest.approx(
         expected_results["seconds"].sum() / 3600, rel=1e-9
     )
+
+
+def test_chunked_audit_equals_one_chunk(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'a.db'}"
+    sim = simulate(tmp_path / "c", scenario=SCENARIOS["small"])
+    for node, path in sorted(sim.node_csvs.items()):
+        jobs.import_nvidia_smi(url, path, node=node)
+    jobs.import_pods(url, sim.pods_json, config=Config())
+    window = (sim.window_start_ms, sim.window_end_ms)
+    one = jobs.audit(url, window=window, thresholds=Thresholds(), chunk_nodes=100)
+    expected = stored(url, [one.run_id])
+    # a node per chunk: the distributed jobs' gangs are split across chunks
+    per_node = jobs.audit(url, window=window, thresholds=Thresholds(), chunk_nodes=1)
+    got = stored(url, [per_node.run_id])
+    pd.testing.assert_frame_equal(got[0], expected[0], check_exact=False, rtol=1e-9)
+    pd.testing.assert_frame_equal(got[1], expected[1], check_dtype=False)
+    assert per_node.samples == one.samples  # context cards are read, not counted, twice
