@@ -39,7 +39,7 @@ def stragglers(findings: pd.DataFrame) -> pd.DataFrame:
             "namespace": s["namespace"].to_numpy(),
             "job": s["job"].to_numpy(),
             "straggler_pod": s["pod"].to_numpy(),
-            "straggler_rank": s["rank"].to_numpy(),
+            "straggler_rank": s["rank"].astype("Int64").to_numpy(),
             "straggler_node": s["node"].to_numpy(),
             "straggler_gpu": s["gpu"].to_numpy(),
             "straggler_throttle": [", ".join(throttle_names(d)) for d in s["detail"]],
