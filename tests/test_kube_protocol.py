@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
