@@ -99,9 +99,8 @@ def summarise(results: pd.DataFrame, *, by: GroupBy, team: str | None = None) ->
         .sum()
     )
     out["inferred_share"] = inferred_hours.reindex(out.index).fillna(0.0) / allocated
-    util = card_utilisation(frame).merge(
-        frame[[*keys, "gpu", "pod_uid"]].drop_duplicates(), on=["gpu", "pod_uid"]
-    )
+    card_keys = list(dict.fromkeys([*keys, "gpu", "pod_uid"]))
+    util = card_utilisation(frame).merge(frame[card_keys].drop_duplicates(), on=["gpu", "pod_uid"])
     quantiles = util.groupby(keys)["util_pct"].quantile(np.array([0.1, 0.5, 0.9])).unstack()
     for q, name in ((0.1, "util_p10"), (0.5, "util_p50"), (0.9, "util_p90")):
         out[name] = quantiles[q].reindex(out.index) if q in quantiles.columns else np.nan
