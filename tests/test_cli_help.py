@@ -24,6 +24,7 @@ COMMANDS: list[list[str]] = [
     ["import", "prometheus"],
     ["audit"],
     ["report"],
+    ["explain"],
     ["export", "finance"],
     ["simulate"],
     ["demo"],
