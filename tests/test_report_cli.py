@@ -95,3 +95,32 @@ def test_prometheus_exposition(db: str, tmp_path: Path) -> None:
     assert "# TYPE gpu_waste_hours gauge" in text
     assert 'gpu_waste_hours{category="busy",team="nlp"}' in text
     assert "gpu_waste_window_end_timestamp_seconds" in text
+
+
+def test_finance_export_reconciles_with_the_report_of_the_week(tmp_path: Path, db: str) -> None:
+    config = tmp_path / "auditor.toml"
+    config.write_text('currency = "EUR"\n[prices]\ndefault = 3.0\n[cost_centres]\nnlp = "CC-7"\n')
+    week = ["--start", "2026-11-23T00:00:00Z", "--end", "2026-11-30T00:00:00Z"]
+    not_yet = runner.invoke(app, ["--db", db, "export", "finance", "--week", "2026-W48"])
+    assert not_yet.exit_code == 2
+    assert "not fully audited" in not_yet.output
+    assert runner.invoke(app, ["--db", db, "audit", *week]).exit_code == 0
+    out = tmp_path / "finance-{week}.csv"
+    args = ["--db", db, "--config", str(config), "export", "finance", "--week", "2026-W48"]
+    result = runner.invoke(app, [*args, "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    written = tmp_path / "finance-2026-W48.csv"
+    first = written.read_bytes()
+    rows = list(csv.DictReader(io.StringIO(first.decode())))
+    totals = json.loads(report(db, *week, "--format", "json"))
+    for cat in CATEGORIES:
+        col = f"{cat.value}_gpu_hours"
+        exported = sum(float(r[col]) for r in rows)
+        assert exported == pytest.approx(sum(t[col] for t in totals), abs=1e-4)
+    capacity = sum(t[f"{c.value}_gpu_hours"] for t in totals for c in CATEGORIES)
+    assert sum(float(r["allocated_cost"]) for r in rows) == pytest.approx(capacity * 3.0, abs=0.01)
+    assert {r["cost_centre"] for r in rows if r["team"] == "nlp"} == {"CC-7"}
+    assert rows[-1]["team"] == PLATFORM_TEAM
+    # re-exporting the week gives the same bytes
+    assert runner.invoke(app, [*args, "--out", str(out)]).exit_code == 0
+    assert written.read_bytes() == first
