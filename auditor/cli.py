@@ -105,6 +105,13 @@ def root(
 
 # ---------------------------------------------------------------- parsing helpers
 
+StartOption = Annotated[str | None, typer.Option("--start", help="Window start (ISO 8601, UTC).")]
+EndOption = Annotated[str | None, typer.Option("--end", help="Window end (ISO 8601, UTC).")]
+SinceOption = Annotated[
+    str | None,
+    typer.Option("--since", help="Window of this length ending now (or at --end): 7d, 12h."),
+]
+
 
 def parse_time(text: str, *, option: str) -> int:
     """ISO 8601 date or date-time; without a zone it is UTC. Returns epoch milliseconds."""
@@ -244,14 +251,9 @@ def import_prometheus(
     url: Annotated[
         str, typer.Option("--url", help="Prometheus base URL, e.g. http://prometheus:9090.")
     ],
-    start: Annotated[
-        str | None, typer.Option("--start", help="Window start (ISO 8601, UTC).")
-    ] = None,
-    end: Annotated[str | None, typer.Option("--end", help="Window end (ISO 8601, UTC).")] = None,
-    since: Annotated[
-        str | None,
-        typer.Option("--since", help="Window of this length ending now (or at --end): 7d, 12h."),
-    ] = None,
+    start: StartOption = None,
+    end: EndOption = None,
+    since: SinceOption = None,
     step: Annotated[
         str,
         typer.Option("--step", help="Resolution: dcgm-exporter's scrape interval (5s, 15s, 30s)."),
@@ -370,14 +372,9 @@ def parse_shard(text: str | None) -> tuple[int, int] | None:
 
 @app.command()
 def audit(
-    start: Annotated[
-        str | None, typer.Option("--start", help="Window start (ISO 8601, UTC).")
-    ] = None,
-    end: Annotated[str | None, typer.Option("--end", help="Window end (ISO 8601, UTC).")] = None,
-    since: Annotated[
-        str | None,
-        typer.Option("--since", help="Window of this length ending now (or at --end): 7d, 12h."),
-    ] = None,
+    start: StartOption = None,
+    end: EndOption = None,
+    since: SinceOption = None,
     day: Annotated[
         str | None,
         typer.Option(
