@@ -1,0 +1,62 @@
+"""The programmatic API: one function per command, and the only place that wires parts together.
+
+Each function opens the store, calls the pure parts, and writes or returns the outcome. The
+CLI is one caller; tests and the in-cluster jobs are others. One module per kind of job.
+"""
+
+from auditor.jobs.audit import (
+    AUDIT_CHUNK_NODES,
+    READ_MARGIN_MS,
+    AuditStats,
+    audit,
+    audit_parts,
+    data_window,
+    shard_of,
+)
+from auditor.jobs.common import BATCH_ROWS, ImportStats, open_store, raise_store_error
+from auditor.jobs.demo import SimulateStats, demo, simulate, truth_check
+from auditor.jobs.imports import (
+    PrometheusImportStats,
+    import_nvidia_smi,
+    import_pods,
+    import_prometheus,
+)
+from auditor.jobs.reports import (
+    build_report,
+    build_report_html,
+    covering_runs,
+    explain,
+    export_finance,
+)
+from auditor.jobs.services import SampleOptions, WatchOptions, sample, watch
+
+__all__ = [
+    "AUDIT_CHUNK_NODES",
+    "BATCH_ROWS",
+    "READ_MARGIN_MS",
+    "AuditStats",
+    "ImportStats",
+    "PrometheusImportStats",
+    "SampleOptions",
+    "SimulateStats",
+    "WatchOptions",
+    "audit",
+    "audit_parts",
+    "build_report",
+    "build_report_html",
+    "covering_runs",
+    "data_window",
+    "demo",
+    "explain",
+    "export_finance",
+    "import_nvidia_smi",
+    "import_pods",
+    "import_prometheus",
+    "open_store",
+    "raise_store_error",
+    "sample",
+    "shard_of",
+    "simulate",
+    "truth_check",
+    "watch",
+]

@@ -1,0 +1,86 @@
+"""Shared by every job: opening the store at the right schema, batching, small converters."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeVar
+
+from auditor.errors import AuditorError
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from sqlalchemy import Engine
+
+
+Progress = Callable[[int], None]
+T = TypeVar("T")
+BATCH_ROWS = 20_000
+"""Rows written per statement batch by the importers."""
+
+
+@dataclass(frozen=True)
+class ImportStats:
+    file: str
+    rows: int
+    gpus: int
+    seconds: float
+
+
+def open_store(url: str) -> Engine:
+    """An engine at the current schema. A new SQLite file is created and migrated on the spot;
+    any other database must have been migrated with `auditor db upgrade`."""
+    from sqlalchemy import inspect
+
+    from auditor.store import migrate
+    from auditor.store.engine import is_sqlite, make_engine
+
+    engine = make_engine(url)
+    try:
+        if is_sqlite(engine) and not inspect(engine).get_table_names():
+            migrate.upgrade(engine)
+        migrate.ensure_current(engine)
+    except AuditorError:
+        raise
+    except Exception as e:  # connection refused, bad credentials, locked file...
+        raise_store_error(url, e)
+    return engine
+
+
+def raise_store_error(url: str, e: Exception) -> None:
+    from sqlalchemy.engine import make_url
+
+    from auditor.errors import StoreError
+
+    try:
+        safe = make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        safe = "the database"
+    cause = getattr(e, "orig", None) or e  # the driver's own message, not SQLAlchemy's wrapper
+    text = str(cause).strip()
+    first = text.splitlines()[0] if text else type(cause).__name__
+    raise StoreError(f"cannot use {safe}: {first}") from e
+
+
+def batched(items: Iterator[T], size: int) -> Iterator[list[T]]:
+    batch: list[T] = []
+    for item in items:
+        batch.append(item)
+        if len(batch) >= size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def iso(ms: int) -> str:
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def nulls(series: pd.Series) -> list[object]:
+    """Values with NaN/NA as None, for writing to the database."""
+    import pandas as pd
+
+    return [None if pd.isna(v) else v for v in series.tolist()]

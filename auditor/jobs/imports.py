@@ -1,0 +1,142 @@
+"""Imports from files and from Prometheus: one transaction each, all of it or nothing."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import tzinfo
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from auditor.errors import InputError
+from auditor.jobs.common import BATCH_ROWS, ImportStats, Progress, batched, open_store
+from auditor.settings import Config
+
+if TYPE_CHECKING:
+    pass
+
+
+def import_nvidia_smi(
+    url: str,
+    path: Path,
+    *,
+    node: str,
+    tz: tzinfo | None = None,
+    ignore_unknown_columns: bool = False,
+    progress: Progress | None = None,
+) -> ImportStats:
+    """Import one nvidia-smi CSV in one transaction: all of it, or nothing on bad input."""
+    from datetime import UTC
+
+    from auditor.collect.nvidia_smi import read_nvidia_smi
+    from auditor.model import GpuRecord
+    from auditor.store.writes import insert_samples, upsert_gpus
+
+    started = time.perf_counter()
+    engine = open_store(url)
+    rows = 0
+    known: dict[str, GpuRecord] = {}
+    ids: dict[str, int] = {}
+    with engine.begin() as conn:
+        pairs = read_nvidia_smi(
+            path,
+            node=node,
+            tz=tz or UTC,
+            ignore_unknown_columns=ignore_unknown_columns,
+            on_progress=progress,
+        )
+        for batch in batched(pairs, BATCH_ROWS):
+            new = [g for g, _ in batch if known.get(g.uuid) != g]
+            if new:
+                ids.update(upsert_gpus(conn, new))
+                known.update((g.uuid, g) for g in new)
+            rows += insert_samples(conn, [s for _, s in batch], ids)
+        if rows == 0:
+            raise InputError("no samples in file", file=str(path))
+    return ImportStats(str(path), rows, len(ids), time.perf_counter() - started)
+
+
+def import_pods(
+    url: str, path: Path, *, config: Config, progress: Progress | None = None
+) -> ImportStats:
+    """Import a kubectl pod list or watch stream in one transaction."""
+    from auditor.collect.kubectl_json import read_kubectl_pods
+    from auditor.store.writes import upsert_pods
+
+    started = time.perf_counter()
+    engine = open_store(url)
+    rows = 0
+    with engine.begin() as conn:
+        records = read_kubectl_pods(path, teams=config.teams, on_progress=progress)
+        for batch in batched(records, BATCH_ROWS):
+            upsert_pods(conn, batch)
+            rows += len(batch)
+    return ImportStats(str(path), rows, 0, time.perf_counter() - started)
+
+
+@dataclass(frozen=True)
+class PrometheusImportStats:
+    samples: int
+    gpus: int
+    holdings: int
+    """(pod, GPU) pairs recorded from the pod labels."""
+    unresolved: int
+    """Spans naming a pod the store does not know (import pods, then re-run: harmless)."""
+    seconds: float
+
+
+def import_prometheus(
+    url: str,
+    *,
+    prometheus_url: str,
+    window: tuple[int, int],
+    step_s: float = 15.0,
+    max_points: int = 10_000,
+    progress: Callable[[int, int], None] | None = None,
+) -> PrometheusImportStats:
+    """Import dcgm-exporter samples and pod labels of a window in one transaction.
+
+    `progress(done, total)` is called after each chunk."""
+    from auditor.collect.prometheus import PrometheusClient, chunks, read_chunk
+    from auditor.collect.sink import resolve_holdings
+    from auditor.model import GpuRecord
+    from auditor.store.writes import insert_samples, upsert_assignments, upsert_gpus
+
+    started = time.perf_counter()
+    start_ms, end_ms = window
+    if end_ms <= start_ms:
+        raise InputError("the window ends before it starts", field="--end")
+    if step_s <= 0:
+        raise InputError("the step must be positive", field="--step")
+    step_ms = round(step_s * 1000)
+    client = PrometheusClient(prometheus_url)
+    parts = list(chunks(start_ms, end_ms, step_ms=step_ms, max_points=max_points))
+    engine = open_store(url)
+    known: dict[str, GpuRecord] = {}
+    ids: dict[str, int] = {}
+    samples = unresolved = 0
+    pairs: set[tuple[str, int]] = set()
+    with engine.begin() as conn:
+        for done, (first_ms, last_ms) in enumerate(parts, 1):
+            chunk = read_chunk(client, first_ms=first_ms, last_ms=last_ms, step_ms=step_ms)
+            new = [g for g in chunk.gpus.values() if known.get(g.uuid) != g]
+            if new:
+                ids.update(upsert_gpus(conn, new))
+                known.update((g.uuid, g) for g in new)
+            for batch in batched(iter(chunk.samples), BATCH_ROWS):
+                samples += insert_samples(conn, batch, ids)
+            seen, left = resolve_holdings(conn, chunk.holdings, ids, slack_ms=step_ms)
+            upsert_assignments(conn, seen, source="dcgm-exporter")
+            pairs.update((uid, gpu_id) for uid, gpu_id, _ in seen)
+            unresolved += len(left)
+            if progress is not None:
+                progress(done, len(parts))
+        if samples == 0:
+            raise InputError(
+                f"no dcgm-exporter samples in Prometheus at {prometheus_url} for this window",
+                field="--start",
+            )
+    return PrometheusImportStats(
+        samples, len(ids), len(pairs), unresolved, time.perf_counter() - started
+    )

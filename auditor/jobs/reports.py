@@ -1,0 +1,202 @@
+"""Jobs that read stored audit runs: the report, its HTML page, explain, the finance CSV."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from auditor.errors import InputError
+from auditor.jobs.common import iso, open_store
+from auditor.settings import Config, Thresholds
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from auditor.report.explain import Explanation
+    from auditor.report.render import Report
+    from auditor.report.summary import GroupBy
+
+
+def covering_runs(runs: pd.DataFrame, *, start_ms: int, end_ms: int, what: str) -> list[int]:
+    """The stored runs that cover [start, end) exactly once; an error names what is missing."""
+    from auditor.report.windows import choose_runs
+
+    choice = choose_runs(runs, start_ms=start_ms, end_ms=end_ms)
+    if choice.incomplete:
+        a, b = choice.incomplete[0]
+        raise InputError(
+            f"{what} is not fully audited: the sharded run of {iso(a)} to {iso(b)} lacks "
+            "shards; run the missing shards or an unsharded audit of that window",
+            field="window",
+        )
+    if choice.missing:
+        a, b = choice.missing[0]
+        raise InputError(
+            f"{what} is not fully audited: nothing covers {iso(a)} to {iso(b)}; "
+            f"run `auditor audit --start {iso(a)} --end {iso(b)}`",
+            field="window",
+        )
+    return choice.run_ids
+
+
+def build_report(
+    url: str,
+    *,
+    start_ms: int | None,
+    end_ms: int | None,
+    by: GroupBy,
+    team: str | None,
+    top: int = 3,
+) -> Report:
+    """Read stored audit results for a window (default: the latest audited) into a Report."""
+    from auditor.report.offenders import STRAGGLER_COLUMNS, stragglers, top_offenders
+    from auditor.report.render import Report
+    from auditor.report.summary import GroupBy, summarise, totals
+    from auditor.store import reads
+
+    engine = open_store(url)
+    with engine.connect() as conn:
+        runs = reads.runs_in_window(conn, start_ms=start_ms, end_ms=end_ms)
+        if runs.empty:
+            raise InputError(
+                "no audit results for this window: run `auditor audit` first", field="window"
+            )
+        run_ids = covering_runs(
+            runs,
+            start_ms=int(runs["window_start_ms"].min()) if start_ms is None else start_ms,
+            end_ms=int(runs["window_end_ms"].max()) if end_ms is None else end_ms,
+            what="the window",
+        )
+        runs = runs[runs["id"].isin(run_ids)]
+        results = reads.read_results(conn, run_ids)
+        findings = reads.read_findings(conn, run_ids)
+    if team is not None:
+        results_team = results[results["team"] == team]
+        if results_team.empty:
+            raise InputError(f"no team {team!r} in this window", field="--team")
+    rows = summarise(results, by=by, team=team)
+    if by is GroupBy.JOB:
+        slow = stragglers(findings)[["namespace", "job", *STRAGGLER_COLUMNS]]
+        rows = rows.merge(slow, on=["namespace", "job"], how="left")
+        no_wait = rows["straggler_wait_gpu_hours"] <= 0
+        rows.loc[no_wait, STRAGGLER_COLUMNS] = None
+    scope = results if team is None else results[results["team"] == team]
+    window = (int(runs["window_start_ms"].min()), int(runs["window_end_ms"].max()))
+    return Report(
+        window=window,
+        by=by.value,
+        rows=rows,
+        totals=totals(scope),
+        offenders=top_offenders(scope, findings, top=top),
+    )
+
+
+def explain(url: str, target: str, *, thresholds: Thresholds, buckets: int = 600) -> Explanation:
+    """Each card of a job or pod over its whole tenure: timeline, findings, next steps.
+
+    Classifies the target's gang(s) afresh from the stored samples (no audit run needed), so
+    the totals are the classifier's for exactly the span the target held its cards."""
+    from auditor.classify.engine import Window, classify
+    from auditor.classify.tenures import build_tenures
+    from auditor.report.explain import build_explanation
+    from auditor.report.targets import resolve_target
+    from auditor.report.timeline import bucketise, clip_to_observed, sample_segments
+    from auditor.store import reads
+
+    engine = open_store(url)
+    with engine.connect() as conn:
+        pods = reads.read_pods(conn)
+        gpus = reads.read_gpus(conn)
+        label, uids = resolve_target(pods, target)
+        span = reads.sample_span(conn)
+        now_ms = span[1] if span else int(time.time() * 1000)
+        tenures = build_tenures(pods, gpus, reads.read_assignments(conn), now_ms=now_ms)
+        mine = tenures[tenures["pod_uid"].isin(uids)]
+        if mine.empty:
+            raise InputError(
+                f"{label} held no GPU: no pod of it was bound to a node", field="JOB_OR_POD"
+            )
+        gang = tenures[tenures["gang"].isin(set(mine["gang"]))]
+        g_lo, g_hi = int(gang["start_ms"].min()), int(gang["end_ms"].max())
+        cards = set(gang["gpu"])
+        ids = [int(i) for i, u in zip(gpus["id"], gpus["uuid"], strict=True) if u in cards]
+        samples = reads.read_samples(conn, start_ms=g_lo, end_ms=g_hi, gpu_ids=ids)
+    mine = clip_to_observed(mine, samples, thresholds=thresholds)
+    if mine.empty:
+        raise InputError(f"no GPU samples of {label}'s cards", field="JOB_OR_POD")
+    lo, hi = int(mine["start_ms"].min()), int(mine["end_ms"].max())
+    found = classify(samples, gang, window=Window(lo, hi), thresholds=thresholds)
+    segments = sample_segments(samples, gang, found.findings, thresholds=thresholds)
+    timelines = bucketise(
+        segments[segments["pod_uid"].isin(uids)], mine, span=(lo, hi), buckets=buckets
+    )
+    return build_explanation(
+        target=label,
+        window=(lo, hi),
+        timelines=timelines,
+        results=found.results,
+        findings=found.findings,
+        pods=pods,
+        gpus=gpus,
+    )
+
+
+def build_report_html(
+    url: str,
+    *,
+    start_ms: int | None,
+    end_ms: int | None,
+    by: GroupBy,
+    team: str | None,
+    thresholds: Thresholds,
+    timelines: int = 8,
+) -> str:
+    """The report as one HTML page, with the per-card utilisation and the timelines of the
+    `timelines` jobs that lead the offenders table."""
+    from auditor.report.html import render_report_html
+    from auditor.report.summary import card_utilisation
+    from auditor.store import reads
+
+    report = build_report(url, start_ms=start_ms, end_ms=end_ms, by=by, team=team)
+    engine = open_store(url)
+    with engine.connect() as conn:
+        runs = reads.runs_in_window(conn, start_ms=report.window[0], end_ms=report.window[1])
+        ids = covering_runs(
+            runs, start_ms=report.window[0], end_ms=report.window[1], what="the window"
+        )
+        results = reads.read_results(conn, ids)
+    if team is not None:
+        results = results[results["team"] == team]
+    util = card_utilisation(results)["util_pct"].tolist()
+    off = report.offenders.sort_values("gpu_hours", ascending=False, kind="stable")
+    offenders = [
+        str(o)
+        for o, t in zip(off["offender"], off["team"], strict=True)
+        if isinstance(t, str) and str(o).count("/") == 2
+    ]
+    shown: list[Explanation] = []
+    for target in dict.fromkeys(offenders):
+        if len(shown) >= timelines:
+            break
+        try:
+            shown.append(explain(url, target, thresholds=thresholds, buckets=200))
+        except InputError:
+            continue  # a job whose pods are gone from the store: no timeline to draw
+    return render_report_html(report, card_util=util, timelines=shown)
+
+
+def export_finance(url: str, *, week: str, config: Config) -> str:
+    """The finance CSV of one ISO week, from the stored audit runs that cover it exactly."""
+    from auditor.report.finance import finance_rows, parse_week, render_finance_csv
+    from auditor.store import reads
+
+    wk = parse_week(week)
+    engine = open_store(url)
+    with engine.connect() as conn:
+        runs = reads.runs_in_window(conn, start_ms=wk.start_ms, end_ms=wk.end_ms)
+        run_ids = covering_runs(
+            runs, start_ms=wk.start_ms, end_ms=wk.end_ms, what=f"week {wk.label}"
+        )
+        results = reads.read_results(conn, run_ids)
+    rows = finance_rows(results, week=wk, prices=config.prices, cost_centres=config.cost_centres)
+    return render_finance_csv(rows)

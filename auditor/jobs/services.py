@@ -1,0 +1,219 @@
+"""The long-running in-cluster services: the node sampler and the pod watcher."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from auditor.errors import AuditorError, InputError
+from auditor.jobs.common import open_store
+from auditor.settings import Config
+
+if TYPE_CHECKING:
+    pass
+
+
+@dataclass(frozen=True)
+class SampleOptions:
+    """How `auditor sample` runs on a node (each default suits a DaemonSet)."""
+
+    node: str
+    buffer_dir: Path
+    period_s: float = 5.0
+    flush_every_s: float = 30.0
+    max_buffered_passes: int = 17_280
+    """A day of 5 s passes: the oldest are dropped (and counted) beyond it."""
+    pod_resources_socket: Path | None = None
+    """The kubelet's pod-resources socket; None: record no GPU -> pod mapping."""
+    metrics_host: str = "0.0.0.0"
+    metrics_port: int | None = 9402
+    max_passes: int | None = None
+    """Stop after this many passes (tests, benchmarks); None: run until stopped."""
+
+
+def sample(url: str, options: SampleOptions, *, log: Callable[[str], None]) -> None:
+    """Run the node sampler until stopped: NVML every period, pod-resources, buffered writes.
+
+    NVML that cannot be initialised is a `DriverError` at once (the DaemonSet restarts the
+    sampler); the database may be down at start: passes wait in the on-disk buffer."""
+    import signal
+    import threading
+
+    from prometheus_client import CollectorRegistry
+
+    from auditor.collect.buffer import DiskBuffer
+    from auditor.collect.nvml import NvmlReader
+    from auditor.collect.podresources import PodResourcesClient
+    from auditor.collect.sampler import Sampler, SamplerSettings
+    from auditor.collect.sampler_metrics import SamplerMetrics, serve
+    from auditor.collect.sink import StoreSink
+
+    reader = NvmlReader(node=options.node, period_s=options.period_s)
+    reader.open()
+    holders = (
+        None
+        if options.pod_resources_socket is None
+        else PodResourcesClient(options.pod_resources_socket)
+    )
+    buffer = DiskBuffer(
+        options.buffer_dir / "sampler-buffer.db", max_batches=options.max_buffered_passes
+    )
+    metrics = SamplerMetrics(CollectorRegistry())
+    sampler = Sampler(
+        reader=reader,
+        holders=holders,
+        sink=StoreSink(lambda: open_store(url)),
+        buffer=buffer,
+        metrics=metrics,
+        settings=SamplerSettings(period_s=options.period_s, flush_every_s=options.flush_every_s),
+    )
+    server = None
+    if options.metrics_port is not None:
+        server = serve(
+            metrics,
+            address=options.metrics_host,
+            port=options.metrics_port,
+            max_age_s=3 * options.period_s + options.flush_every_s,
+        )
+        log(f"metrics on http://{options.metrics_host}:{server.server_address[1]}/metrics")
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: sampler.stop.set())
+    log(f"sampling node {options.node} every {options.period_s:g}s, buffer in {buffer.path}")
+    try:
+        sampler.run(max_passes=options.max_passes)
+    finally:
+        if server is not None:
+            server.shutdown()
+        if holders is not None:
+            holders.close()
+        reader.close()
+        buffer.close()
+
+
+@dataclass(frozen=True)
+class WatchOptions:
+    """How `auditor watch` runs (each default suits the single-replica Deployment)."""
+
+    kubeconfig: str | None = None
+    """A kubeconfig file; None: in-cluster, else `KUBECONFIG` / ~/.kube/config."""
+    context: str | None = None
+    namespace: str | None = None
+    """Watch pods of this namespace only; None: all namespaces."""
+    selector: str | None = None
+    """Label selector of the pods to watch."""
+    nodes: bool = True
+    """Watch nodes too (GPU model, capacity, cordoned)."""
+    metrics_host: str = "0.0.0.0"
+    metrics_port: int | None = 9403
+    """Port of /metrics and /healthz; 0: any free port; None: no server."""
+    health_max_age_s: float = 600.0
+    """/healthz fails when a watched kind has not synced for this long."""
+    watch_timeout_s: int = 300
+    """The server ends each watch after this long (it is then resumed)."""
+    connect_timeout_s: float = 10.0
+    read_timeout_s: float = 90.0
+    """A stream silent this long counts as dead (servers bookmark about every minute)."""
+    json_logs: bool = False
+
+
+def watch(
+    url: str,
+    options: WatchOptions,
+    *,
+    config: Config,
+    log: Callable[[str], None],
+    stop: threading.Event | None = None,
+) -> None:
+    """Record GPU pods (and nodes) from the Kubernetes API until stopped (SIGTERM).
+
+    Each kind runs its own list/watch loop in a thread; a loop that fails unexpectedly stops
+    the watcher with an error, so that Kubernetes restarts it (it resumes from the store)."""
+    import signal
+
+    from auditor.collect import kube
+    from auditor.collect.observe import WatchMetrics, serve, setup_logging
+    from auditor.collect.sinks import NodeSink, PodSink, requests_gpus, scope_filter
+    from auditor.collect.watcher import LoopOptions, Reflector
+
+    setup_logging(json_format=options.json_logs)
+    in_scope = scope_filter(options.namespace, options.selector)  # a bad selector fails here
+    engine = open_store(url)
+    api = kube.connect(kubeconfig=options.kubeconfig, context=options.context)
+    timeouts = kube.Timeouts(options.connect_timeout_s, options.read_timeout_s)
+    stop = stop or threading.Event()
+    pod_source = kube.KubeSource(
+        api,
+        kind=kube.Kind.PODS,
+        namespace=options.namespace,
+        selector=options.selector,
+        timeouts=timeouts,
+    )
+    pairs: list[tuple[kube.KubeSource, Any]] = [
+        (pod_source, PodSink(engine, scope=pod_source.scope, teams=config.teams, in_scope=in_scope))
+    ]
+    if options.nodes:
+        node_source = kube.KubeSource(api, kind=kube.Kind.NODES, timeouts=timeouts)
+        pairs.append((node_source, NodeSink(engine, scope=node_source.scope)))
+    metrics = WatchMetrics(tuple(str(source.kind) for source, _ in pairs))
+    loop = LoopOptions(watch_timeout_s=options.watch_timeout_s)
+    failures: list[BaseException] = []
+
+    def run(reflector: Reflector) -> None:
+        try:
+            reflector.run()
+        except BaseException as e:
+            failures.append(e)
+            stop.set()
+
+    threads = [
+        threading.Thread(
+            target=run,
+            args=(
+                Reflector(
+                    source,
+                    sink,
+                    metrics=metrics,
+                    stop=stop,
+                    options=loop,
+                    keep=requests_gpus if source.kind is kube.Kind.PODS else None,
+                ),
+            ),
+            name=f"watch-{source.kind}",
+            daemon=True,
+        )
+        for source, sink in pairs
+    ]
+    server = None
+    if options.metrics_port is not None:
+        try:
+            server = serve(
+                metrics,
+                address=options.metrics_host,
+                port=options.metrics_port,
+                max_age_s=options.health_max_age_s,
+            )
+        except OSError as e:
+            raise InputError(f"cannot listen: {e.strerror}", field="--metrics-port") from e
+        log(f"metrics on http://{options.metrics_host}:{server.server_address[1]}/metrics")
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: stop.set())
+    log(f"watching {', '.join(metrics.kinds)} ({pod_source.scope})")
+    for thread in threads:
+        thread.start()
+    try:
+        stop.wait()
+    finally:
+        stop.set()
+        for source, _ in pairs:
+            source.interrupt()
+        for thread in threads:
+            thread.join(timeout=10)  # no daemon thread may be writing a log line at exit
+        if server is not None:
+            server.shutdown()
+    if failures:
+        raise AuditorError(f"watch loop failed: {failures[0]!r}") from failures[0]
