@@ -776,6 +776,11 @@ def demo(
         if keep is not None:
             keep.mkdir(parents=True, exist_ok=True)
             text = jobs.demo(keep, scenario=scenario, log=lambda m: typer.echo(m, err=True))
+            typer.echo(
+                f"files and database kept in {keep} "
+                f"(auditor --db sqlite:///{keep / 'auditor.db'} report ...)",
+                err=True,
+            )
         else:
             with tempfile.TemporaryDirectory(prefix="auditor-demo-") as tmp:
                 text = jobs.demo(

@@ -71,7 +71,7 @@ def demo(workdir: Path, *, scenario: str = "demo", log: Callable[[str], None]) -
     report = build_report(url, start_ms=None, end_ms=None, by=GroupBy.TEAM, team=None)
     text = render_table(report)
     text += "\n" + truth_check(report.rows, sim.truth)
-    log(f"demo finished in {time.perf_counter() - started:.1f}s (files in {workdir})")
+    log(f"demo finished in {time.perf_counter() - started:.1f}s")
     return text
 
 
