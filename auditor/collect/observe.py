@@ -83,17 +83,33 @@ def serve(
     """Start answering /metrics and /healthz in a daemon thread; returns the server
     (`server_address` has the port actually bound; `shutdown()` stops it)."""
 
+    def unhealthy() -> str | None:
+        stale = metrics.stale(now_s=clock(), max_age_s=max_age_s)
+        return f"not synced within {max_age_s:g}s: {', '.join(stale)}" if stale else None
+
+    return serve_http(metrics.registry, unhealthy, address=address, port=port, name="metrics")
+
+
+def serve_http(
+    registry: CollectorRegistry,
+    unhealthy: Callable[[], str | None],
+    *,
+    address: str,
+    port: int,
+    name: str,
+) -> ThreadingHTTPServer:
+    """/metrics from `registry`; /healthz (and /livez, /readyz) 200 "ok", or 503 with the
+    reason `unhealthy()` gives. Served from a daemon thread; returns the server."""
+
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
             if path == "/metrics":
-                self._send(200, generate_latest(metrics.registry), CONTENT_TYPE_LATEST)
+                self._send(200, generate_latest(registry), CONTENT_TYPE_LATEST)
             elif path in {"/healthz", "/livez", "/readyz"}:
-                stale = metrics.stale(now_s=clock(), max_age_s=max_age_s)
-                body = (
-                    f"not synced within {max_age_s:g}s: {', '.join(stale)}\n" if stale else "ok\n"
-                )
-                self._send(503 if stale else 200, body.encode(), "text/plain; charset=utf-8")
+                reason = unhealthy()
+                body = b"ok\n" if reason is None else f"{reason}\n".encode()
+                self._send(200 if reason is None else 503, body, "text/plain; charset=utf-8")
             else:
                 self._send(404, b"not found\n", "text/plain; charset=utf-8")
 
@@ -105,11 +121,11 @@ def serve(
             self.wfile.write(body)
 
         def log_message(self, format: str, *args: object) -> None:
-            pass  # scrapes every few seconds would drown the watcher's own log
+            pass  # a scrape every few seconds would drown the service's own log
 
     server = ThreadingHTTPServer((address, port), Handler)
     server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+    threading.Thread(target=server.serve_forever, name=name, daemon=True).start()
     return server
 
 

@@ -9,13 +9,13 @@ memory are exported too, to keep them visibly small.
 from __future__ import annotations
 
 import resource
-import threading
 import time
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from auditor.collect.observe import serve_http
 
 PREFIX = "auditor_sampler"
 
@@ -115,29 +115,9 @@ def serve(
     """Answer /metrics and /healthz (also /livez, /readyz) from a daemon thread, as the
     watcher does; returns the server (`server_address` has the port bound)."""
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            path = self.path.split("?", 1)[0]
-            if path == "/metrics":
-                self._send(200, generate_latest(metrics.registry), CONTENT_TYPE_LATEST)
-            elif path in {"/healthz", "/livez", "/readyz"}:
-                ok = metrics.healthy(stale_after_s=max_age_s)
-                body = b"ok\n" if ok else f"no pass within {max_age_s:g}s\n".encode()
-                self._send(200 if ok else 503, body, "text/plain; charset=utf-8")
-            else:
-                self._send(404, b"not found\n", "text/plain; charset=utf-8")
+    def unhealthy() -> str | None:
+        return (
+            None if metrics.healthy(stale_after_s=max_age_s) else f"no pass within {max_age_s:g}s"
+        )
 
-        def _send(self, code: int, body: bytes, ctype: str) -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: object) -> None:
-            return  # a scrape every few seconds would drown the sampler's own log
-
-    server = ThreadingHTTPServer((address, port), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, name="sampler-http", daemon=True).start()
-    return server
+    return serve_http(metrics.registry, unhealthy, address=address, port=port, name="sampler-http")
