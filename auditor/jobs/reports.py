@@ -70,17 +70,15 @@ def build_report(
         runs = runs[runs["id"].isin(run_ids)]
         results = reads.read_results(conn, run_ids)
         findings = reads.read_findings(conn, run_ids)
-    if team is not None:
-        results_team = results[results["team"] == team]
-        if results_team.empty:
-            raise InputError(f"no team {team!r} in this window", field="--team")
+    scope = results if team is None else results[results["team"] == team]
+    if team is not None and scope.empty:
+        raise InputError(f"no team {team!r} in this window", field="--team")
     rows = summarise(results, by=by, team=team)
     if by is GroupBy.JOB:
         slow = stragglers(findings)[["namespace", "job", *STRAGGLER_COLUMNS]]
         rows = rows.merge(slow, on=["namespace", "job"], how="left")
         no_wait = rows["straggler_wait_gpu_hours"] <= 0
         rows.loc[no_wait, STRAGGLER_COLUMNS] = None
-    scope = results if team is None else results[results["team"] == team]
     window = (int(runs["window_start_ms"].min()), int(runs["window_end_ms"].max()))
     return Report(
         window=window,
