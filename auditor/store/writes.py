@@ -15,6 +15,7 @@ from sqlalchemy import Connection, Table, delete, func, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from auditor.model import GpuRecord, GpuSample, PodRecord
+from auditor.store.bulk import SAMPLE_COLUMNS, object_spans, write_rows
 from auditor.store.schema import (
     audit_findings,
     audit_results,
@@ -29,19 +30,6 @@ from auditor.store.schema import (
 NodeRow = Mapping[str, Any]
 """A `nodes` row: name, gpu_model, gpu_capacity, gpu_allocatable, unschedulable, labels,
 resource_version, updated_ms (see `auditor.collect.nodes.node_row`)."""
-
-SAMPLE_COLUMNS = (
-    "util",
-    "memory_used_mib",
-    "memory_total_mib",
-    "power_w",
-    "sm_clock_mhz",
-    "throttle_reasons",
-    "temperature_c",
-    "sm_active",
-    "tensor_active",
-    "dram_active",
-)
 
 
 def _upsert(conn: Connection, table: Table) -> Any:
@@ -94,40 +82,13 @@ def insert_samples(
 ) -> int:
     """Insert samples, skipping any (GPU, timestamp) already stored. Returns rows offered.
 
-    The hot path of every import, so it talks to the driver directly: PostgreSQL gets a
-    COPY into a session-temporary staging table and one INSERT ... ON CONFLICT DO NOTHING
-    from it; SQLite a plain executemany of INSERT OR IGNORE. Both run inside the caller's
-    transaction.
+    The hot path of every import; `auditor.store.bulk` says how each database takes it.
     """
-    if not samples:
-        return 0
     rows = [
         (gpu_ids[s.gpu_uuid], s.ts_ms, *(getattr(s, c) for c in SAMPLE_COLUMNS)) for s in samples
     ]
-    cols = ", ".join(("gpu_id", "ts_ms", *SAMPLE_COLUMNS))
-    raw = conn.connection.driver_connection
-    if conn.dialect.name == "postgresql":
-        with raw.cursor() as cur:  # type: ignore[union-attr]
-            cur.execute(
-                "CREATE TEMP TABLE IF NOT EXISTS auditor_stage_samples "
-                "(LIKE gpu_samples INCLUDING DEFAULTS) ON COMMIT DELETE ROWS"
-            )
-            with cur.copy(f"COPY auditor_stage_samples ({cols}) FROM STDIN") as copy:
-                for row in rows:
-                    copy.write_row(row)
-            cur.execute(
-                f"INSERT INTO gpu_samples ({cols}) SELECT {cols} FROM auditor_stage_samples "
-                "ON CONFLICT (gpu_id, ts_ms) DO NOTHING"
-            )
-            cur.execute("TRUNCATE auditor_stage_samples")
-        return len(rows)
-    marks = ", ".join("?" * (2 + len(SAMPLE_COLUMNS)))
-    cursor = raw.cursor()  # type: ignore[union-attr]
-    try:
-        cursor.executemany(f"INSERT OR IGNORE INTO gpu_samples ({cols}) VALUES ({marks})", rows)
-    finally:
-        cursor.close()
-    return len(rows)
+    spans, repeats = object_spans(rows)
+    return write_rows(conn, rows, spans=spans, repeats=repeats)
 
 
 def _merge_pod(old: PodRecord | None, new: PodRecord) -> PodRecord:
@@ -285,8 +246,12 @@ def replace_audit_run(
     version: str,
     results: Iterable[Mapping[str, Any]],
     findings: Iterable[Mapping[str, Any]],
+    rolled_up_seconds: float = 0.0,
 ) -> int:
-    """Store one audit run, replacing the runs of the same window it supersedes."""
+    """Store one audit run, replacing the runs of the same window it supersedes.
+
+    `rolled_up_seconds`: GPU-seconds of the window audited from 1-minute rollups (the
+    report flags them as coarser)."""
     old = select(audit_runs.c.id, audit_runs.c.shard).where(
         audit_runs.c.window_start_ms == window[0],
         audit_runs.c.window_end_ms == window[1],
@@ -305,6 +270,7 @@ def replace_audit_run(
             "created_ms": created_ms,
             "thresholds": json.loads(json.dumps(dict(thresholds))),
             "version": version,
+            "rolled_up_seconds": float(rolled_up_seconds),
         },
     ).scalar_one()
     result_rows = [{"run_id": run_id, **r} for r in results]
