@@ -546,6 +546,36 @@ def export_finance(
     typer.echo(text, nl=False)
 
 
+@app.command()
+def rollup(
+    older_than: Annotated[
+        float | None,
+        typer.Option(
+            "--older-than",
+            min=0.0,
+            metavar="DAYS",
+            help="Roll up raw samples older than this many days (default: the config's "
+            "retention.raw_days, 14).",
+        ),
+    ] = None,
+) -> None:
+    """Fold raw samples older than the retention age into 1-minute rows and delete them.
+
+    Audits of those days read the rollups (minute resolution; reports say so). Safe to
+    re-run; raw samples that arrive late for a rolled-up minute join it on the next run."""
+    from auditor import jobs
+
+    with user_errors():
+        config = state.config()
+        days = config.retention.raw_days if older_than is None else older_than
+        stats = jobs.rollup(state.db_url, older_than_days=days, thresholds=config.thresholds)
+    before = datetime.fromtimestamp(stats.before_ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    typer.echo(
+        f"rolled up raw samples before {before}: {stats.raw_deleted} raw rows of "
+        f"{stats.gpus} GPUs into {stats.minutes_written} minute rows in {stats.seconds:.1f}s"
+    )
+
+
 # ---------------------------------------------------------------- node sampler
 
 

@@ -94,6 +94,15 @@ class Prices:
 
 
 @dataclass(frozen=True, slots=True)
+class Retention:
+    """How long raw samples are kept before `auditor rollup` folds them into 1-minute rows."""
+
+    raw_days: float = 14.0
+    """Raw samples older than this many days are rolled up and deleted. Audits of older
+    windows read the rollups (coarser at minute resolution, and flagged in reports)."""
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     """Everything a config file can set."""
 
@@ -102,6 +111,7 @@ class Config:
     prices: Prices = field(default_factory=Prices)
     cost_centres: dict[str, str] = field(default_factory=dict)
     """Team -> cost centre, for the finance export."""
+    retention: Retention = field(default_factory=Retention)
 
 
 def default_db_url(cwd: Path | None = None) -> str:
@@ -145,7 +155,9 @@ def load_config(path: Path | None) -> Config:
         raise ConfigError("config file is not UTF-8 text", file=name) from e
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"not valid TOML: {e}", file=name) from e
-    _known(raw, {"currency", "thresholds", "teams", "prices", "cost_centres"}, name, "")
+    _known(
+        raw, {"currency", "thresholds", "teams", "prices", "cost_centres", "retention"}, name, ""
+    )
     thresholds = Thresholds().updated(_table(raw, "thresholds", name), source=name)
     teams_raw = _table(raw, "teams", name)
     _known(teams_raw, {"label", "annotation", "namespaces"}, name, "teams.")
@@ -166,11 +178,21 @@ def load_config(path: Path | None) -> Config:
         by_model[model] = float(value)
     default_price = by_model.pop("default", 0.0)
     currency = _text(raw, "currency", name, "", default="USD")
+    retention_raw = _table(raw, "retention", name)
+    _known(retention_raw, {"raw_days"}, name, "retention.")
+    raw_days = retention_raw.get("raw_days", Retention().raw_days)
+    if isinstance(raw_days, bool) or not isinstance(raw_days, int | float) or raw_days < 0:
+        raise ConfigError(
+            f"must be a number of days >= 0, not {raw_days!r}",
+            file=name,
+            field="retention.raw_days",
+        )
     return Config(
         thresholds=thresholds,
         teams=teams,
         prices=Prices(default=default_price, by_model=by_model, currency=currency),
         cost_centres=_text_map(raw.get("cost_centres", {}), name, "cost_centres"),
+        retention=Retention(raw_days=float(raw_days)),
     )
 
 

@@ -26,6 +26,7 @@ COMMANDS: list[list[str]] = [
     ["report"],
     ["explain"],
     ["export", "finance"],
+    ["rollup"],
     ["simulate"],
     ["demo"],
     ["watch"],

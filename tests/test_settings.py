@@ -27,6 +27,9 @@ default = 2.0
 
 [cost_centres]
 nlp = "CC-1001"
+
+[retention]
+raw_days = 30
 """
 
 
@@ -48,6 +51,11 @@ def test_full_config(tmp_path: Path) -> None:
     assert config.prices.for_model(None) == 2.0
     assert config.prices.currency == "EUR"
     assert config.cost_centres == {"nlp": "CC-1001"}
+    assert config.retention.raw_days == 30.0
+
+
+def test_retention_defaults_to_two_weeks(tmp_path: Path) -> None:
+    assert load_config(write(tmp_path, 'currency = "EUR"\n')).retention.raw_days == 14.0
 
 
 def test_no_config_is_the_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -74,6 +82,11 @@ def test_env_names_the_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
         ("currency = 5\n", "currency"),
         ("thresholds = 5\n", "thresholds"),
         ("[cost_centres]\nnlp = 1001\n", "cost_centres"),
+        ("[retention]\nraw_days = -1\n", "retention.raw_days"),
+        ("[retention]\nraw_days = 'two weeks'\n", "retention.raw_days"),
+        ("[retention]\nraw_days = true\n", "retention.raw_days"),
+        ("[retention]\nrollup_days = 3\n", "retention.rollup_days"),
+        ("retention = 14\n", "retention"),
     ],
 )
 def test_bad_key_is_named(tmp_path: Path, text: str, field: str) -> None:

@@ -8,6 +8,13 @@ time to the GPU's next sample, except where that is more than `gap_periods` peri
 then it covers one period and the rest of the gap is unobserved. The last sample covers one
 period. A GPU's observed span, whose intersection with the audit window is its capacity,
 runs from its first sample to the end of its last sample's coverage.
+
+Rolled-up minutes (`auditor.classify.rollup`) come as pseudo-samples with a `cover_ms`
+column: such a row already knows what it covers, so it covers `[t, t + min(cover_ms, dt))`
+whatever the period, and it is left out of the period (a GPU keeps the period of its raw
+samples; one with rolled-up rows only gets `ROLLED_PERIOD_MS`). The period rule still
+decides what a raw sample covers, also where its successor is a rolled-up row. Without the
+column, or with it all NaN, nothing changes.
 """
 
 from __future__ import annotations
@@ -52,15 +59,20 @@ class SampleTable:
 
 
 def _merge_duplicates(
-    *, gpu: IntArr, ts: IntArr, util: FloatArr, throttle: IntArr | None
-) -> tuple[IntArr, IntArr, FloatArr, IntArr | None]:
+    *, gpu: IntArr, ts: IntArr, util: FloatArr, throttle: IntArr | None, cover: FloatArr | None
+) -> tuple[IntArr, IntArr, FloatArr, IntArr | None, FloatArr | None]:
     first = starts_of(gpu, ts)
     if bool(first.all()):
-        return gpu, ts, util, throttle
+        return gpu, ts, util, throttle, cover
     at = np.flatnonzero(first)
     merged = np.fmax.reduceat(util, at)
-    return gpu[at], ts[at], merged, None if throttle is None else throttle[at]
+    # a rolled-up row and a raw sample at one instant: the row that knows its cover wins
+    cover = None if cover is None else np.fmax.reduceat(cover, at)
+    return gpu[at], ts[at], merged, None if throttle is None else throttle[at], cover
 
+
+ROLLED_PERIOD_MS = 60_000
+"""Period of a GPU known only through rolled-up minutes: the rollup's resolution."""
 
 GROUPED_PROBE = 4096
 """Rows looked at to guess whether samples come grouped by GPU (as a store returns them)."""
@@ -117,6 +129,23 @@ def _periods(gpu_start: IntArr, *, n: int, ts: IntArr, default_ms: int) -> IntAr
     return period
 
 
+def _raw_periods(
+    gpu_start: IntArr, *, n: int, ts: IntArr, rolled: BoolArr, default_ms: int
+) -> IntArr:
+    """Periods from the spacing of consecutive raw samples only (rolled-up rows left out)."""
+    diffs = np.diff(ts)
+    raw_pair = ~rolled[:-1] & ~rolled[1:]
+    ends = np.append(gpu_start[1:], n)
+    period = np.full(gpu_start.size, default_ms, dtype=np.int64)
+    for g, (a, b) in enumerate(zip(gpu_start.tolist(), ends.tolist(), strict=True)):
+        spacing = diffs[a : b - 1][raw_pair[a : b - 1]]
+        if spacing.size:
+            period[g] = max(1, math.floor(float(np.median(spacing)) + 0.5))
+        elif bool(rolled[a:b].any()):
+            period[g] = ROLLED_PERIOD_MS
+    return period
+
+
 def load_samples(samples: pd.DataFrame, *, thresholds: Thresholds) -> SampleTable:
     """Sort, merge duplicates, and compute each sample's coverage."""
     frame = samples
@@ -132,6 +161,11 @@ def load_samples(samples: pd.DataFrame, *, thresholds: Thresholds) -> SampleTabl
     throttle_names = np.zeros(0, dtype=object)
     if "throttle_reasons" in frame.columns:
         throttle, throttle_names = _throttle_codes(frame["throttle_reasons"])
+    cover: FloatArr | None = None
+    if "cover_ms" in frame.columns:
+        cover = frame["cover_ms"].to_numpy(dtype=np.float64, na_value=np.nan)
+        if bool(np.isnan(cover).all()):
+            cover = None
     default_ms = max(1, round(thresholds.default_period_s * 1000))
     if ts.size == 0:
         none = np.zeros(0, dtype=np.int64)
@@ -144,11 +178,18 @@ def load_samples(samples: pd.DataFrame, *, thresholds: Thresholds) -> SampleTabl
     if not bool((order[1:] > order[:-1]).all()):  # a store hands them over in order
         gpu, ts, util = gpu[order], ts[order], util[order]
         throttle = None if throttle is None else throttle[order]
-    gpu, ts, util, throttle = _merge_duplicates(gpu=gpu, ts=ts, util=util, throttle=throttle)
+        cover = None if cover is None else cover[order]
+    gpu, ts, util, throttle, cover = _merge_duplicates(
+        gpu=gpu, ts=ts, util=util, throttle=throttle, cover=cover
+    )
 
     n = ts.size
     gpu_start = np.flatnonzero(starts_of(gpu)).astype(np.int64)
-    period = _periods(gpu_start, n=n, ts=ts, default_ms=default_ms)
+    rolled = None if cover is None else ~np.isnan(cover)
+    if rolled is None:
+        period = _periods(gpu_start, n=n, ts=ts, default_ms=default_ms)
+    else:
+        period = _raw_periods(gpu_start, n=n, ts=ts, rolled=rolled, default_ms=default_ms)
 
     has_next: BoolArr = np.zeros(n, dtype=np.bool_)
     has_next[:-1] = gpu[1:] == gpu[:-1]
@@ -159,6 +200,8 @@ def load_samples(samples: pd.DataFrame, *, thresholds: Thresholds) -> SampleTabl
     own = period[gpu]
     regular = has_next & (dt <= thresholds.gap_periods * own)
     cov = np.where(regular, dt, own)
+    if cover is not None and rolled is not None:
+        cov = np.where(rolled, np.maximum(np.nan_to_num(cover), 1).astype(np.int64), cov)
     cov = np.where(has_next, np.minimum(cov, dt), cov)
     cov_end = ts + cov
     span_end = np.where(has_next, nxt, cov_end)

@@ -53,6 +53,7 @@ def build_report(
     from auditor.report.render import Report
     from auditor.report.summary import GroupBy, summarise, totals
     from auditor.store import reads
+    from auditor.store.rollup import runs_rolled_up_seconds
 
     engine = open_store(url)
     with engine.connect() as conn:
@@ -70,6 +71,7 @@ def build_report(
         runs = runs[runs["id"].isin(run_ids)]
         results = reads.read_results(conn, run_ids)
         findings = reads.read_findings(conn, run_ids)
+        rolled = runs_rolled_up_seconds(conn, run_ids)
     scope = results if team is None else results[results["team"] == team]
     if team is not None and scope.empty:
         raise InputError(f"no team {team!r} in this window", field="--team")
@@ -86,6 +88,7 @@ def build_report(
         rows=rows,
         totals=totals(scope),
         offenders=top_offenders(scope, findings, top=top),
+        rolled_up_seconds=rolled,
     )
 
 
@@ -100,13 +103,14 @@ def explain(url: str, target: str, *, thresholds: Thresholds, buckets: int = 600
     from auditor.report.targets import resolve_target
     from auditor.report.timeline import bucketise, clip_to_observed, sample_segments
     from auditor.store import reads
+    from auditor.store.rollup import read_audit_samples, rollup_span
 
     engine = open_store(url)
     with engine.connect() as conn:
         pods = reads.read_pods(conn)
         gpus = reads.read_gpus(conn)
         label, uids = resolve_target(pods, target)
-        span = reads.sample_span(conn)
+        span = reads.sample_span(conn) or rollup_span(conn)
         now_ms = span[1] if span else int(time.time() * 1000)
         tenures = build_tenures(pods, gpus, reads.read_assignments(conn), now_ms=now_ms)
         mine = tenures[tenures["pod_uid"].isin(uids)]
@@ -118,7 +122,7 @@ def explain(url: str, target: str, *, thresholds: Thresholds, buckets: int = 600
         g_lo, g_hi = int(gang["start_ms"].min()), int(gang["end_ms"].max())
         cards = set(gang["gpu"])
         ids = [int(i) for i, u in zip(gpus["id"], gpus["uuid"], strict=True) if u in cards]
-        samples = reads.read_samples(conn, start_ms=g_lo, end_ms=g_hi, gpu_ids=ids)
+        samples = read_audit_samples(conn, start_ms=g_lo, end_ms=g_hi, gpu_ids=ids)
     mine = clip_to_observed(mine, samples, thresholds=thresholds)
     if mine.empty:
         raise InputError(f"no GPU samples of {label}'s cards", field="JOB_OR_POD")

@@ -17,7 +17,7 @@ import pandas as pd
 
 from auditor.model import CATEGORIES
 from auditor.report.explain import Explanation, duration, grouped_findings, when
-from auditor.report.render import Report, group_keys
+from auditor.report.render import Report, group_keys, rolled_up_note
 from auditor.report.svg import (
     COLOURS,
     LABELS,
@@ -88,7 +88,9 @@ def _summary(report: Report) -> str:
         _tile("GPU-hours unallocated", f"{t['unallocated_gpu_hours']:,.0f}"),
         _tile("held time on inferred GPU→pod mapping", f"{t['inferred_share']:.0%}"),
     ]
-    return f'<div class="tiles">{"".join(tiles)}</div>'
+    note = rolled_up_note(report)
+    flag = "" if note is None else f"<p class='muted'>{escape(note)}</p>"
+    return f'<div class="tiles">{"".join(tiles)}</div>{flag}'
 
 
 def _label(rec: Mapping[Hashable, Any], keys: Sequence[str]) -> str:

@@ -25,6 +25,23 @@ class Report:
     rows: pd.DataFrame
     totals: dict[str, float]
     offenders: pd.DataFrame
+    rolled_up_seconds: float = 0.0
+    """GPU-seconds of the window audited from 1-minute rollups rather than raw samples."""
+
+
+ROLLED_UP_FIELD = "window_rolled_up_gpu_hours"
+"""JSON field on every row when part of the window was audited from rollups (absent else)."""
+
+
+def rolled_up_note(report: Report) -> str | None:
+    """The sentence that flags a window audited partly from 1-minute rollups, or None."""
+    if report.rolled_up_seconds <= 0:
+        return None
+    return (
+        f"Note: {report.rolled_up_seconds / 3600:,.1f} GPU-h of this window were audited from "
+        "1-minute rollups (coarser: startup, teardown, straggler and checkpoint splits at minute "
+        "resolution)."
+    )
 
 
 def _clean(value: Any) -> Any:
@@ -51,7 +68,11 @@ def group_keys(rows: pd.DataFrame) -> list[str]:
 
 
 def render_json(report: Report) -> str:
-    return json.dumps(_records(report.rows), indent=2) + "\n"
+    records = _records(report.rows)
+    if report.rolled_up_seconds > 0:
+        hours = round(report.rolled_up_seconds / 3600, HOURS_DECIMALS + 2)
+        records = [{**rec, ROLLED_UP_FIELD: hours} for rec in records]
+    return json.dumps(records, indent=2) + "\n"
 
 
 def render_csv(report: Report) -> str:
@@ -99,6 +120,9 @@ def render_table(report: Report, *, width: int = 150) -> str:
             f"Unallocated: {t['unallocated_gpu_hours']:,.1f} GPU-hours. "
             f"{t['inferred_share']:.0%} of held GPU-hours rest on inferred GPU→pod mapping."
         )
+    note = rolled_up_note(report)
+    if note is not None:
+        console.print(note)
     keys = [
         c
         for c in report.rows.columns

@@ -51,7 +51,14 @@ def card_utilisation(results: pd.DataFrame) -> pd.DataFrame:
     """Per held card (card × pod): busy share of its observed held time, in percent."""
     held = results[results["pod_uid"].notna()]
     if held.empty:
-        return pd.DataFrame(columns=["gpu", "pod_uid", "util_pct"])
+        # typed, so that a window in which no pod held a card still summarises
+        return pd.DataFrame(
+            {
+                "gpu": pd.Series(dtype=object),
+                "pod_uid": pd.Series(dtype=object),
+                "util_pct": pd.Series(dtype="float64"),
+            }
+        )
     pivot = held.pivot_table(
         index=["gpu", "pod_uid"],
         columns="category",

@@ -7,7 +7,8 @@ Pure pandas/numpy, no I/O. Two steps:
    per category, each row summing to 1). The classifier's totals stay the reference; this
    only decides *where in time* the shading goes, by these rules:
    - a sample covers `[t, next t)`, or one period where the next sample is more than
-     `gap_periods` periods away (the rest is unobserved); NaN utilisation is unobserved;
+     `gap_periods` periods away (the rest is unobserved); a rolled-up minute's row covers
+     its `cover_ms` (as in `coverage.load_samples`); NaN utilisation is unobserved;
    - `u/100` is busy; the idle part goes, first match wins, to the episode of a stored
      finding of that card and pod (`startup`, `teardown`, `reserved_idle`) that holds the
      sample's instant; else the gang is compared at that instant (samples bucketed to the
@@ -32,6 +33,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
+from auditor.classify.coverage import ROLLED_PERIOD_MS
 from auditor.model import CATEGORIES, WasteCategory
 from auditor.settings import Thresholds
 
@@ -69,14 +71,36 @@ class CardTimeline:
 
 
 def _coverage(samples: pd.DataFrame, thresholds: Thresholds) -> pd.DataFrame:
-    s = samples[["gpu", "ts_ms", "util"]].sort_values(["gpu", "ts_ms"], kind="stable")
+    rolled_up = "cover_ms" in samples.columns and bool(samples["cover_ms"].notna().any())
+    cols = ["gpu", "ts_ms", "util", *(["cover_ms"] if rolled_up else [])]
+    s = samples[cols].sort_values(["gpu", "ts_ms"], kind="stable")
     s = s.drop_duplicates(["gpu", "ts_ms"], keep="last").reset_index(drop=True)
     nxt = s.groupby("gpu")["ts_ms"].shift(-1)
-    period = s.groupby("gpu")["ts_ms"].transform(lambda x: x.diff().median())
-    period = period.fillna(thresholds.default_period_s * 1000).clip(lower=1)
+    if not rolled_up:
+        period = s.groupby("gpu")["ts_ms"].transform(lambda x: x.diff().median())
+        period = period.fillna(thresholds.default_period_s * 1000).clip(lower=1)
+    else:
+        period = _raw_period(s, thresholds)
     dt = nxt - s["ts_ms"]
     cover = dt.where(dt.notna() & (dt <= thresholds.gap_periods * period), period)
+    if rolled_up:  # a rolled-up minute's row covers what it says, up to the next row
+        own = s["cover_ms"].where(dt.isna() | (s["cover_ms"] <= dt), dt)
+        cover = own.where(s["cover_ms"].notna(), cover)
+        s = s.drop(columns=["cover_ms"])
     return s.assign(end_ms=(s["ts_ms"] + cover).astype("int64"), period=period)
+
+
+def _raw_period(s: pd.DataFrame, thresholds: Thresholds) -> pd.Series:
+    """Per row, its card's median spacing of raw samples, as `coverage.load_samples` has it."""
+    rolled = s["cover_ms"].notna()
+    same = s["gpu"] == s["gpu"].shift()
+    spacing = s["ts_ms"].diff().where(same & ~rolled & ~rolled.shift(fill_value=True))
+    period = spacing.groupby(s["gpu"]).transform("median")
+    only_rolled = rolled.groupby(s["gpu"]).transform("all") | (
+        period.isna() & rolled.groupby(s["gpu"]).transform("any")
+    )
+    period = period.where(~only_rolled, float(ROLLED_PERIOD_MS))
+    return period.fillna(thresholds.default_period_s * 1000).clip(lower=1)
 
 
 def _clip_to_tenures(cov: pd.DataFrame, tenures: pd.DataFrame) -> pd.DataFrame:
