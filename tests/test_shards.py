@@ -63,10 +63,11 @@ def test_chunked_audit_equals_one_chunk(tmp_path: Path) -> None:
         jobs.import_nvidia_smi(url, path, node=node)
     jobs.import_pods(url, sim.pods_json, config=Config())
     window = (sim.window_start_ms, sim.window_end_ms)
-    one = jobs.audit(url, window=window, thresholds=Thresholds(), chunk_nodes=100)
+    one = jobs.audit(url, window=window, thresholds=Thresholds(), chunk_samples=10**12)
     expected = stored(url, [one.run_id])
-    # a node per chunk: the distributed jobs' gangs are split across chunks
-    per_node = jobs.audit(url, window=window, thresholds=Thresholds(), chunk_nodes=1)
+    # a node per chunk (the budget is below one node): the distributed jobs' gangs are
+    # split across chunks
+    per_node = jobs.audit(url, window=window, thresholds=Thresholds(), chunk_samples=1)
     got = stored(url, [per_node.run_id])
     pd.testing.assert_frame_equal(got[0], expected[0], check_exact=False, rtol=1e-9)
     pd.testing.assert_frame_equal(got[1], expected[1], check_dtype=False)

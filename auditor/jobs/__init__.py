@@ -5,11 +5,12 @@ CLI is one caller; tests and the in-cluster jobs are others. One module per kind
 """
 
 from auditor.jobs.audit import (
-    AUDIT_CHUNK_NODES,
+    AUDIT_CHUNK_SAMPLES,
     READ_MARGIN_MS,
     AuditStats,
     audit,
     audit_parts,
+    card_ranges,
     data_window,
     shard_of,
 )
@@ -28,15 +29,17 @@ from auditor.jobs.reports import (
     explain,
     export_finance,
 )
+from auditor.jobs.retention import RetentionStats, rollup
 from auditor.jobs.services import SampleOptions, WatchOptions, sample, watch
 
 __all__ = [
-    "AUDIT_CHUNK_NODES",
+    "AUDIT_CHUNK_SAMPLES",
     "BATCH_ROWS",
     "READ_MARGIN_MS",
     "AuditStats",
     "ImportStats",
     "PrometheusImportStats",
+    "RetentionStats",
     "SampleOptions",
     "SimulateStats",
     "WatchOptions",
@@ -44,6 +47,7 @@ __all__ = [
     "audit_parts",
     "build_report",
     "build_report_html",
+    "card_ranges",
     "covering_runs",
     "data_window",
     "demo",
@@ -54,6 +58,7 @@ __all__ = [
     "import_prometheus",
     "open_store",
     "raise_store_error",
+    "rollup",
     "sample",
     "shard_of",
     "simulate",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -16,10 +17,11 @@ if TYPE_CHECKING:
     import pandas as pd
 
 
-AUDIT_CHUNK_NODES = 8
-"""Nodes classified together: memory follows this, not the fleet."""
+AUDIT_CHUNK_SAMPLES = 2_000_000
+"""Samples classified together, at most (unless one node and its gangs need more): memory
+follows this, not the fleet or the window. About 600 MiB of peak memory."""
 READ_MARGIN_MS = 15 * 60_000
-"""Samples read past the last tenure end: enough for any sane period's successor sample."""
+"""Samples read either side of a card's range: enough for any sane period's neighbours."""
 
 
 @dataclass(frozen=True)
@@ -33,15 +35,18 @@ class AuditStats:
 
 
 def data_window(url: str, *, period_s: float) -> tuple[int, int]:
-    """The span of all stored samples, for an audit given no window."""
+    """The span of all stored samples, raw or rolled up, for an audit given no window."""
     from auditor.store.reads import sample_span
+    from auditor.store.rollup import rollup_span
 
     engine = open_store(url)
     with engine.connect() as conn:
-        span = sample_span(conn)
-    if span is None:
+        raw, rolled = sample_span(conn), rollup_span(conn)
+    if raw is None and rolled is None:
         raise InputError("no GPU samples stored yet: import some first", field="window")
-    return span[0], span[1] + int(period_s * 1000)
+    spans = [s for s in (raw, rolled) if s is not None]
+    end = max(raw[1] + int(period_s * 1000) if raw else 0, rolled[1] if rolled else 0)
+    return min(s[0] for s in spans), end
 
 
 def shard_of(node: str, shards: int) -> int:
@@ -58,19 +63,22 @@ def audit(
     window: tuple[int, int] | None,
     thresholds: Thresholds,
     shard: tuple[int, int] | None = None,
-    chunk_nodes: int = AUDIT_CHUNK_NODES,
+    chunk_samples: int = AUDIT_CHUNK_SAMPLES,
     now_ms: int | None = None,
 ) -> AuditStats:
     """Classify a window and store it as an audit run, replacing the runs it supersedes.
 
-    The cards are classified in chunks of `chunk_nodes` nodes, each with the cards of its
-    gangs on other nodes read as context, so memory follows the chunk, not the fleet. With
-    `shard=(i, n)` only the nodes of shard i are audited; the n shards together store
-    exactly what one unsharded run stores.
+    Whole nodes are classified together, each chunk with the cards of its gangs on other
+    nodes read as context, as many nodes per chunk as keep its samples within
+    `chunk_samples`: a longer window means fewer nodes per chunk, so memory follows the
+    chunk, not the fleet or the window. With `shard=(i, n)` only the nodes of shard i are
+    audited; the n shards together store exactly what one unsharded run stores.
     """
     from auditor.classify.engine import Window, classify
+    from auditor.classify.rollup import rolled_up_seconds, with_rolled
     from auditor.classify.tenures import build_tenures
     from auditor.store import reads
+    from auditor.store.rollup import read_rolled_card_samples
     from auditor.store.writes import replace_audit_run
 
     started = time.perf_counter()
@@ -83,26 +91,43 @@ def audit(
     result_rows: list[dict[str, object]] = []
     finding_rows: list[dict[str, object]] = []
     n_samples = n_gpus = 0
+    rolled = 0.0
     with engine.connect() as conn:
         gpus = reads.read_gpus(conn)
         pods = reads.read_pods(conn)
         assignments = reads.read_assignments(conn)
         tenures = build_tenures(pods, gpus, assignments, now_ms=end_ms)
-        # Whole tenures (SPEC §3): read from the first start to the last end of the tenures
-        # that overlap the window, plus a margin so the last sample in range meets its
-        # successor. The range is the same for every chunk and shard, so each card sees the
-        # same data however the fleet is split.
-        overlapping = tenures[(tenures["start_ms"] < end_ms) & (tenures["end_ms"] > start_ms)]
-        lo = min(start_ms, int(overlapping["start_ms"].min())) if len(overlapping) else start_ms
-        hi = max(end_ms, int(overlapping["end_ms"].max())) if len(overlapping) else end_ms
-        hi += READ_MARGIN_MS
+        ranges = card_ranges(gpus, tenures, window=(start_ms, end_ms))
         gpu_ids = dict(zip(gpus["uuid"], gpus["id"], strict=True))
+        uuids = {int(i): str(u) for u, i in gpu_ids.items()}
         first_card = tenures.groupby("gang")["gpu"].min()
-        for own, context in audit_parts(gpus, tenures, shard=shard, chunk_nodes=chunk_nodes):
-            part = tenures[tenures["gpu"].isin(context)]
-            samples = reads.read_samples(
-                conn, start_ms=lo, end_ms=hi, gpu_ids=[int(gpu_ids[u]) for u in sorted(context)]
+        period_ms = max(1, round(thresholds.default_period_s * 1000))
+        parts = list(
+            audit_parts(
+                gpus,
+                tenures,
+                shard=shard,
+                budget=chunk_samples,
+                cost={u: (hi - lo) // period_ms for u, (lo, hi) in ranges.items()},
             )
+        )
+
+    def load(context: set[str]) -> pd.DataFrame:
+        """The cards' raw samples and, where raw data was rolled up, 1-minute pseudo-samples."""
+        wanted = [(int(gpu_ids[u]), *ranges[u]) for u in sorted(context)]
+        with engine.connect() as conn:
+            raw = reads.read_card_samples(conn, wanted, uuids)
+            return with_rolled(raw, read_rolled_card_samples(conn, wanted))
+
+    # Reading the next chunk (waiting on the database, building its rows) overlaps
+    # classifying this one: at most two chunks' samples are in memory at once.
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="audit-read") as pool:
+        ahead: list[Future[pd.DataFrame]] = [pool.submit(load, parts[0][1])] if parts else []
+        for i, (own, context) in enumerate(parts):
+            samples = ahead.pop().result()
+            if i + 1 < len(parts):
+                ahead.append(pool.submit(load, parts[i + 1][1]))
+            part = tenures[tenures["gpu"].isin(context)]
             result = classify(samples, part, window=Window(start_ms, end_ms), thresholds=thresholds)
             res = result.results[result.results["gpu"].isin(own)]
             # a finding about a whole gang (a checkpoint series) has no card: the part that
@@ -111,8 +136,11 @@ def audit(
             fnd = fnd[fnd["gpu"].fillna(fnd["gang"].map(first_card)).isin(own)]
             result_rows += _result_rows(res, part, gpu_ids)
             finding_rows += _finding_rows(fnd, gpu_ids)
-            n_samples += int(samples["gpu"].isin(own).sum())
-            n_gpus += len(own & set(samples["gpu"]))
+            mine = samples["gpu"].isin(own)
+            n_samples += int(mine.sum())
+            n_gpus += int(samples.loc[mine, "gpu"].nunique())
+            rolled += rolled_up_seconds(samples, window=(start_ms, end_ms), gpus=own)
+            del samples, result, res, fnd, mine
     with engine.begin() as conn:
         run_id = replace_audit_run(
             conn,
@@ -123,6 +151,7 @@ def audit(
             version=__version__,
             results=result_rows,
             findings=finding_rows,
+            rolled_up_seconds=rolled,
         )
     return AuditStats(
         run_id=run_id,
@@ -134,29 +163,75 @@ def audit(
     )
 
 
+def card_ranges(
+    gpus: pd.DataFrame, tenures: pd.DataFrame, *, window: tuple[int, int]
+) -> dict[str, tuple[int, int]]:
+    """Per card, the samples the audit reads: `[lo, hi)`, margins included.
+
+    The window, stretched to the whole of every tenure on the card that overlaps it (SPEC §3
+    classifies whole tenures), plus `READ_MARGIN_MS` on both sides: so the last sample meets
+    its successor, and the sample before the start, whose coverage reaches into the window,
+    is there.
+    A card's range depends on its own tenures only, so it sees the same data however the
+    fleet is chunked or sharded.
+    """
+    start_ms, end_ms = window
+    over = tenures[(tenures["start_ms"] < end_ms) & (tenures["end_ms"] > start_ms)]
+    lo = over.groupby("gpu")["start_ms"].min()
+    hi = over.groupby("gpu")["end_ms"].max()
+    out: dict[str, tuple[int, int]] = {}
+    for uuid in gpus["uuid"].astype(str):
+        a = min(start_ms, int(lo[uuid])) if uuid in lo.index else start_ms
+        b = max(end_ms, int(hi[uuid])) if uuid in hi.index else end_ms
+        out[uuid] = (a - READ_MARGIN_MS, b + READ_MARGIN_MS)
+    return out
+
+
 def audit_parts(
     gpus: pd.DataFrame,
     tenures: pd.DataFrame,
     *,
     shard: tuple[int, int] | None,
-    chunk_nodes: int,
+    budget: int,
+    cost: dict[str, int] | None = None,
 ) -> Iterator[tuple[set[str], set[str]]]:
-    """(own cards, cards to read) per chunk of `chunk_nodes` nodes of the shard, in node order.
+    """(own cards, cards to read) per chunk of whole nodes of the shard, in node order.
 
-    The cards to read are the own cards and every card of their gangs, wherever it is.
+    The cards to read are the own cards and every card of their gangs, wherever it is. A
+    chunk takes nodes while the cost (samples expected) of its cards to read stays within
+    `budget`, and at least one node. Without `cost` every card costs 1.
     """
     nodes = sorted({str(n) for n in gpus["node"]})
     if shard is not None:
         nodes = [n for n in nodes if shard_of(n, shard[1]) == shard[0]]
-    card_node = dict(zip(gpus["uuid"], gpus["node"].astype(str), strict=True))
+    node_cards: dict[str, set[str]] = {n: set() for n in nodes}
+    for uuid, node in zip(gpus["uuid"].astype(str), gpus["node"].astype(str), strict=True):
+        if node in node_cards:
+            node_cards[node].add(uuid)
     gang_cards = tenures.groupby("gang")["gpu"].agg(set)
-    for i in range(0, len(nodes), max(1, chunk_nodes)):
-        chunk = set(nodes[i : i + max(1, chunk_nodes)])
-        own = {u for u, n in card_node.items() if n in chunk}
-        gangs = set(tenures.loc[tenures["gpu"].isin(own), "gang"])
-        context = set(own)
-        for gang in gangs:
-            context |= gang_cards[gang]
+    card_gangs = tenures.groupby("gpu")["gang"].agg(set)
+
+    def closure(cards: set[str]) -> set[str]:
+        out = set(cards)
+        for uuid in cards:
+            for gang in card_gangs.get(uuid, ()):
+                out |= gang_cards[gang]
+        return out
+
+    def weight(cards: set[str]) -> int:
+        return len(cards) if cost is None else sum(cost.get(u, 0) for u in cards)
+
+    own: set[str] = set()
+    context: set[str] = set()
+    for node in nodes:
+        mine = node_cards[node]
+        grown = context | closure(mine)
+        if own and weight(grown) > budget:
+            yield own, context
+            own, grown = set(), closure(mine)
+        own |= mine
+        context = grown
+    if own:
         yield own, context
 
 

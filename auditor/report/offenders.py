@@ -42,7 +42,9 @@ def stragglers(findings: pd.DataFrame) -> pd.DataFrame:
             "straggler_rank": s["rank"].astype("Int64").to_numpy(),
             "straggler_node": s["node"].to_numpy(),
             "straggler_gpu": s["gpu"].to_numpy(),
-            "straggler_throttle": [", ".join(throttle_names(d)) for d in s["detail"]],
+            "straggler_throttle": [
+                ", ".join(throttle_names(d if isinstance(d, str) else None)) for d in s["detail"]
+            ],
             "straggler_seconds": s["seconds"].to_numpy(),
         }
     )
