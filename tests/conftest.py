@@ -7,6 +7,7 @@ pytest puts this directory on sys.path, as it holds conftest.py and no __init__.
 - `pg_db_url`: a fresh empty database for one test, dropped afterwards.
 - `db_url`: parametrised over "sqlite" (a file in tmp_path) and "postgresql" (`pg_db_url`),
   so one test runs against both stores; the PostgreSQL case carries the `postgres` mark.
+- `engine`: an engine on a migrated store at `db_url`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,10 @@ from pathlib import Path
 
 import pytest
 from pgserver import PgServer, new_database_name, start_server
+from sqlalchemy import Engine
+
+from auditor.store import migrate
+from auditor.store.engine import make_engine
 
 
 @pytest.fixture(scope="session")
@@ -49,3 +54,13 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
         return f"sqlite:///{tmp_path / 'auditor.db'}"
     url: str = request.getfixturevalue("pg_db_url")
     return url
+
+
+@pytest.fixture
+def engine(db_url: str) -> Iterator[Engine]:
+    """An engine on a migrated store, SQLite and PostgreSQL (test_migrations has its own,
+    unmigrated one)."""
+    eng = make_engine(db_url)
+    migrate.upgrade(eng)
+    yield eng
+    eng.dispose()

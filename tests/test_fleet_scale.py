@@ -9,12 +9,10 @@ gang's context, and a budget that shrinks the chunk as the window grows.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import pytest
 from sqlalchemy import Engine, func, select
 
 from auditor import jobs
@@ -24,14 +22,6 @@ from auditor.store import bulk, migrate, reads
 from auditor.store.engine import make_engine
 from auditor.store.schema import gpu_samples
 from auditor.store.writes import upsert_gpus
-
-
-@pytest.fixture
-def engine(db_url: str) -> Iterator[Engine]:
-    eng = make_engine(db_url)
-    migrate.upgrade(eng)
-    yield eng
-    eng.dispose()
 
 
 def _frame(gpu_ids: list[int], ticks: range, *, util: float = 50.0) -> pd.DataFrame:

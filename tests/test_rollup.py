@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import io
 import math
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -40,8 +39,7 @@ from auditor.cli import app
 from auditor.model import CATEGORIES, GpuRecord, GpuSample
 from auditor.settings import Config, Thresholds
 from auditor.simulate import SCENARIOS, SimulationResult, simulate
-from auditor.store import migrate, reads
-from auditor.store.engine import make_engine
+from auditor.store import reads
 from auditor.store.rollup import (
     read_audit_samples,
     read_minutes,
@@ -302,14 +300,6 @@ def test_pseudo_samples_give_the_classifier_the_same_time(
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> SimulationResult:
     return simulate(tmp_path_factory.mktemp("fleet"), scenario=SCENARIOS["small"])
-
-
-@pytest.fixture
-def engine(db_url: str) -> Iterator[Engine]:
-    eng = make_engine(db_url)
-    migrate.upgrade(eng)
-    yield eng
-    eng.dispose()
 
 
 def load_fleet(url: str, sim: SimulationResult, *, pods: bool = False) -> None:

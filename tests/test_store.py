@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 from sqlalchemy import Engine, select
 
 from auditor.model import GpuRecord, GpuSample, PodRecord, WorkloadKind
-from auditor.store import migrate, reads
-from auditor.store.engine import make_engine
+from auditor.store import reads
 from auditor.store.schema import gpu_samples, pods
 from auditor.store.writes import (
     insert_samples,
@@ -19,14 +16,6 @@ from auditor.store.writes import (
     upsert_gpus,
     upsert_pods,
 )
-
-
-@pytest.fixture
-def engine(db_url: str) -> Iterator[Engine]:
-    eng = make_engine(db_url)
-    migrate.upgrade(eng)
-    yield eng
-    eng.dispose()
 
 
 def _pod(**changes: object) -> PodRecord:
