@@ -72,7 +72,6 @@ def load(url, gpus, days, baseline=True):
             rows, spans, repeats = bulk.frame_rows(frame)
             bulk.write_rows(conn, rows, spans=spans, repeats=repeats)
         ingest += time.perf_counter() - t
-        del rows
         t = time.perf_counter()
         with raw_engine.begin() as conn:
             rows, _, _ = bulk.frame_rows(frame) if baseline else ([], None, None)

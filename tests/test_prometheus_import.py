@@ -16,13 +16,14 @@ from pathlib import Path
 
 import pytest
 from promserver import Card, PromServer, backfill, binaries, start_prometheus
+from records import bare_pod
 from sqlalchemy import func, select
 from typer.testing import CliRunner
 
 from auditor.cli import app
 from auditor.errors import InputError
 from auditor.jobs import import_prometheus, open_store
-from auditor.model import PodRecord, WorkloadKind
+from auditor.model import PodRecord
 from auditor.store import migrate
 from auditor.store.engine import make_engine
 from auditor.store.schema import gpu_assignments, gpu_samples, gpus
@@ -77,19 +78,8 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PromServer]
 
 
 def pod(name: str, uid: str, *, bound: int, finished: int | None = None) -> PodRecord:
-    return PodRecord(
-        uid=uid,
-        namespace="ml",
-        name=name,
-        node="node-a",
-        team="ml",
-        job=f"Pod/{name}",
-        job_kind="Pod",
-        workload=WorkloadKind.TRAINING,
-        gang=uid,
-        gpu_count=1,
-        bound_ms=bound * 1000,
-        finished_ms=None if finished is None else finished * 1000,
+    return bare_pod(
+        name, uid, bound_ms=bound * 1000, finished_ms=None if finished is None else finished * 1000
     )
 
 

@@ -17,6 +17,7 @@ import pytest
 from fake_nvml.build import SCRIPT_ENV, fake_nvml_library, render_script, write_script
 from fake_podresources import FakeContainer, FakePodResources
 from prometheus_client import CollectorRegistry
+from records import bare_pod
 from sqlalchemy import select
 
 from auditor.collect.buffer import DiskBuffer
@@ -26,7 +27,7 @@ from auditor.collect.sampler import Sampler, SamplerSettings
 from auditor.collect.sampler_metrics import SamplerMetrics
 from auditor.collect.sink import StoreSink
 from auditor.jobs import open_store
-from auditor.model import PodRecord, WorkloadKind
+from auditor.model import PodRecord
 from auditor.store import migrate
 from auditor.store.engine import make_engine
 from auditor.store.schema import gpu_assignments, gpu_samples, gpus
@@ -55,19 +56,7 @@ class Clock:
 
 
 def pod(name: str, uid: str, *, bound_s: float) -> PodRecord:
-    return PodRecord(
-        uid=uid,
-        namespace="ml",
-        name=name,
-        node="node-a",
-        team="ml",
-        job=f"Pod/{name}",
-        job_kind="Pod",
-        workload=WorkloadKind.TRAINING,
-        gang=uid,
-        gpu_count=2,
-        bound_ms=int(bound_s * 1000),
-    )
+    return bare_pod(name, uid, bound_ms=int(bound_s * 1000), gpu_count=2)
 
 
 @pytest.fixture
