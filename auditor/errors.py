@@ -6,6 +6,15 @@ a user as a traceback.
 
 from __future__ import annotations
 
+MAX_SHOWN = 40
+"""Characters of a bad value an error message echoes: a 10 MB cell must not make a 10 MB line."""
+
+
+def shown(value: object, keep: int = MAX_SHOWN) -> str:
+    """`repr(value)` cut to `keep` characters (containers by their type alone)."""
+    text = type(value).__name__ if isinstance(value, dict | list) else repr(value)
+    return text if len(text) <= keep else f"{text[:keep]}… ({len(text)} characters)"
+
 
 class AuditorError(Exception):
     """Base of every error the auditor raises on purpose."""

@@ -58,9 +58,14 @@ class Harness:
                 scope=source.scope,
                 teams=TeamRules(),
                 in_scope=scope_filter(namespace, None),
+                on_skip=lambda reason: self.metrics.skipped("pods", reason),
             )
         else:
-            sink = NodeSink(self.engine, scope=source.scope)
+            sink = NodeSink(
+                self.engine,
+                scope=source.scope,
+                on_skip=lambda reason: self.metrics.skipped("nodes", reason),
+            )
         keep = requests_gpus if kind is kube.Kind.PODS else None
         return Reflector(
             source, sink, metrics=self.metrics, stop=self.stop, options=FAST, keep=keep
@@ -97,7 +102,8 @@ class Harness:
             return {r.name: dict(r._mapping) for r in conn.execute(select(nodes))}
 
     def count(self, what: str) -> float:
-        """A metric's value summed over its labels (`relists`, `errors`, `events`)."""
+        """A metric's value summed over its labels (`relists`, `errors`, `events`,
+        `skipped_objects`)."""
         total = 0.0
         for family in self.metrics.registry.collect():
             if family.name == f"auditor_watch_{what}":

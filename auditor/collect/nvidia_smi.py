@@ -42,7 +42,7 @@ from functools import cache
 from importlib import resources
 from pathlib import Path
 
-from auditor.errors import InputError
+from auditor.errors import InputError, shown
 from auditor.model import GpuRecord, GpuSample
 
 REQUIRED_FIELDS: tuple[str, ...] = ("timestamp", "index", "utilization.gpu", "memory.used")
@@ -198,9 +198,9 @@ def _number(cells: Sequence[str], column: int, *, unit: str) -> float | None:
             raise _BadCell(
                 column, "empty value (nvidia-smi writes [N/A] for a missing reading)"
             ) from None
-        raise _BadCell(column, f"expected a number in {unit}, found {cell!r}") from None
+        raise _BadCell(column, f"expected a number in {unit}, found {shown(cell)}") from None
     if not math.isfinite(value) or "_" in text:
-        raise _BadCell(column, f"expected a number in {unit}, found {cell!r}")
+        raise _BadCell(column, f"expected a number in {unit}, found {shown(cell)}")
     return value
 
 
@@ -210,7 +210,7 @@ def _first_number(cells: Sequence[str], columns: tuple[int, ...], *, unit: str) 
         value = _number(cells, column, unit=unit)
         if value is not None:
             if value < 0:
-                raise _BadCell(column, f"negative value {cells[column]!r}")
+                raise _BadCell(column, f"negative value {shown(cells[column])}")
             return value
     return None
 
@@ -230,7 +230,8 @@ def _first_hex(cells: Sequence[str], columns: tuple[int, ...]) -> str | None:
             continue
         if not _HEX.fullmatch(cell):
             raise _BadCell(
-                column, f"expected a hexadecimal bitmask like 0x0000000000000001, found {cell!r}"
+                column,
+                f"expected a hexadecimal bitmask like 0x0000000000000001, found {shown(cell)}",
             )
         return cell
     return None
@@ -256,15 +257,15 @@ class _LocalClock:
         match = _TIMESTAMP.fullmatch(cell)
         if match is None:
             if not cell or _is_missing(cell):
-                raise _BadCell(column, f"no timestamp, found {cell!r}")
-            raise _BadCell(column, f"expected YYYY/MM/DD HH:MM:SS.mmm, found {cell!r}")
+                raise _BadCell(column, f"no timestamp, found {shown(cell)}")
+            raise _BadCell(column, f"expected YYYY/MM/DD HH:MM:SS.mmm, found {shown(cell)}")
         key = cell[: match.end(5)]
         if key != self._minute[0]:
             self._minute = self._minute_of(key, match, column)
         _, minute_ms, first, second = self._minute
         seconds = int(match.group(6))
         if seconds > 59:
-            raise _BadCell(column, f"no such time of day in {cell!r}")
+            raise _BadCell(column, f"no such time of day in {shown(cell)}")
         fraction = match.group(7)
         local_ms = minute_ms + seconds * 1000 + (int(fraction.ljust(3, "0")[:3]) if fraction else 0)
         utc_ms = local_ms - first
@@ -284,9 +285,9 @@ class _LocalClock:
         try:
             days = date(year, month, day).toordinal() - _EPOCH_ORDINAL
         except ValueError:
-            raise _BadCell(column, f"no such date in {match.group(0)!r}") from None
+            raise _BadCell(column, f"no such date in {shown(match.group(0))}") from None
         if hour > 23 or minute > 59:
-            raise _BadCell(column, f"no such time of day in {match.group(0)!r}")
+            raise _BadCell(column, f"no such time of day in {shown(match.group(0))}")
         minute_ms = ((days * 24 + hour) * 60 + minute) * 60_000
         if self._fixed_ms is not None:
             return key, minute_ms, self._fixed_ms, self._fixed_ms
@@ -312,12 +313,14 @@ class _Reader:
         index: int | None = None
         if not _is_missing(index_cell):
             if not index_cell.isdigit():
-                raise _BadCell(layout.index, f"expected a GPU index like 0, found {index_cell!r}")
+                raise _BadCell(
+                    layout.index, f"expected a GPU index like 0, found {shown(index_cell)}"
+                )
             index = int(index_cell)
         util = _number(cells, layout.util, unit="%")
         if util is not None and not 0 <= util <= 100:
             raise _BadCell(
-                layout.util, f"utilization must be 0-100 %, found {cells[layout.util]!r}"
+                layout.util, f"utilization must be 0-100 %, found {shown(cells[layout.util])}"
             )
         memory_total = _first_number(cells, layout.memory_total, unit="MiB")
         uuid = _first_text(cells, layout.uuid)

@@ -43,6 +43,13 @@ class WatchMetrics:
             ["kind", "reason"],
             registry=self.registry,
         )
+        self._skipped = Counter(
+            "auditor_watch_skipped_objects",
+            "Objects logged and skipped, by reason: unreadable (a field that cannot be read), "
+            "unstorable (a value the store cannot hold), refused (the database refused it).",
+            ["kind", "reason"],
+            registry=self.registry,
+        )
         self._last_sync = Gauge(
             "auditor_watch_last_sync_timestamp_seconds",
             "Unix time of the last successful sync.",
@@ -60,6 +67,9 @@ class WatchMetrics:
 
     def error(self, kind: str, reason: str) -> None:
         self._errors.labels(kind, reason).inc()
+
+    def skipped(self, kind: str, reason: str) -> None:
+        self._skipped.labels(kind, reason).inc()
 
     def synced(self, kind: str, at_s: float) -> None:
         self._last_sync.labels(kind).set(at_s)

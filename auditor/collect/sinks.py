@@ -8,27 +8,39 @@ at the relist time, marked estimated. `NodeSink` keeps each node's latest view.
 
 Each sink stores its watch cursor in the transaction of the writes it covers. Database
 failures leave as `StoreError`, which the loop backs off from.
+
+One object never stops the others. A pod that cannot be read, or whose record the store
+would refuse (`auditor.store.bounds`), is logged, counted through `on_skip` and skipped.
+Should the database still refuse a batch for its data (a limit nothing checked), the batch
+is written again one object per transaction, the refused ones skipped: a poisoned batch is
+never retried forever. Only a failure of the database itself (down, locked, full) keeps
+the cursor where it was and backs off.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from auditor.collect.kube import Event
 from auditor.collect.nodes import node_row
 from auditor.collect.selectors import matcher
 from auditor.collect.workloads import gpu_request, pod_record
-from auditor.errors import InputError, StoreError
+from auditor.errors import InputError, StoreError, shown
 from auditor.model import PodRecord
 from auditor.settings import TeamRules
+from auditor.store.bounds import RowError, check_row
+from auditor.store.schema import nodes, pods
+from auditor.store.writes import pod_row
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection, Engine
 
 log = logging.getLogger("auditor.watch")
+T = TypeVar("T")
+Describe = Callable[[T], str]
 
 CHANGES = frozenset({"ADDED", "MODIFIED", "DELETED"})
 """Event types that carry an object; any other (BOOKMARK, a future one) moves the cursor only."""
@@ -52,10 +64,45 @@ def requests_gpus(pod: Mapping[str, Any]) -> bool:
         return True
 
 
+Skip = Callable[[str], None]
+"""Told the reason each time an object is skipped (`unreadable`, `unstorable`, `refused`)."""
+
+
+def _data_errors() -> tuple[type[BaseException], ...]:
+    """What a database raises for one row's data, as opposed to for itself: the errors
+    after which writing the other rows alone succeeds."""
+    from sqlalchemy.exc import DataError, IntegrityError
+
+    return (DataError, IntegrityError, InputError, OverflowError, UnicodeError, ValueError)
+
+
 class _StoreSink:
-    def __init__(self, engine: Engine, *, scope: str) -> None:
+    def __init__(self, engine: Engine, *, scope: str, on_skip: Skip | None = None) -> None:
         self.engine = engine
         self.scope = scope
+        self.on_skip: Skip = on_skip or (lambda _reason: None)
+
+    def _skip(self, what: str, error: object, *, reason: str) -> None:
+        log.warning("skipping %s: %s", what, error, extra={"reason": reason})
+        self.on_skip(reason)
+
+    def _write_each(
+        self, items: Sequence[T], write: Callable[[Connection, list[T]], object], what: Describe[T]
+    ) -> list[T]:
+        """Write `items` one per transaction, skipping those the database refuses for their
+        data; returns those written. For a batch refused as a whole."""
+        written: list[T] = []
+        for item in items:
+            try:
+                with self._transaction() as conn:
+                    write(conn, [item])
+            except StoreError as e:
+                if not isinstance(e.__cause__, _data_errors()):
+                    raise
+                self._skip(what(item), e, reason="refused")
+            else:
+                written.append(item)
+        return written
 
     @contextmanager
     def _transaction(self) -> Iterator[Connection]:
@@ -66,7 +113,9 @@ class _StoreSink:
                 yield conn
         except SQLAlchemyError as e:
             cause = getattr(e, "orig", None) or e
-            raise StoreError(f"cannot write to the database: {cause}") from e
+            raise StoreError(f"cannot write to the database: {_first_line(cause)}") from e
+        except (InputError, OverflowError, UnicodeError, ValueError) as e:
+            raise StoreError(f"cannot write to the database: {_first_line(e)}") from e
 
     def cursor(self) -> str | None:
         from auditor.store.writes import read_cursor
@@ -88,29 +137,56 @@ class PodSink(_StoreSink):
         scope: str,
         teams: TeamRules,
         in_scope: Callable[[str, Mapping[str, str]], bool],
+        on_skip: Skip | None = None,
     ) -> None:
-        super().__init__(engine, scope=scope)
+        super().__init__(engine, scope=scope, on_skip=on_skip)
         self.teams = teams
         self.in_scope = in_scope
 
     def _record(self, obj: Mapping[str, Any], **kwargs: Any) -> PodRecord | None:
+        """The pod's record, or None when it requests no GPU or is skipped (logged, counted)."""
+        adjusted: list[str] = []
         try:
-            return pod_record(obj, teams=self.teams, **kwargs)
-        except InputError as e:
-            meta = obj.get("metadata")
-            name = meta.get("name") if isinstance(meta, Mapping) else None
-            log.warning("skipping pod %s: %s", name, e)
+            rec = pod_record(obj, teams=self.teams, adjusted=adjusted, **kwargs)
+            if rec is not None:
+                check_row(pods, pod_row(rec), what="pod")
+        except RowError as e:
+            self._skip(_describe(obj), e, reason="unstorable")
             return None
+        except InputError as e:
+            self._skip(_describe(obj), e, reason="unreadable")
+            return None
+        except Exception as e:  # a shape no rule foresaw: this pod, not the watcher, fails
+            self._skip(_describe(obj), f"{type(e).__name__}: {e}", reason="unreadable")
+            return None
+        if adjusted:
+            log.warning(
+                "pod %s: shortened %s to fit the store", _describe(obj), ", ".join(adjusted)
+            )
+        return rec
 
     def replace(self, items: list[dict[str, Any]], *, resource_version: str, at_ms: int) -> int:
         from auditor.store.writes import close_missing_pods, upsert_pods
 
         records = [r for r in (self._record(i) for i in items) if r is not None]
-        listed = {r.uid for r in records}
-        with self._transaction() as conn:
-            upsert_pods(conn, records)
-            gone = close_missing_pods(conn, listed_uids=listed, at_ms=at_ms, in_scope=self.in_scope)
-            self._save_cursor(conn, resource_version, at_ms)
+        # a listed pod that was skipped still exists: it must not be closed as gone
+        listed = {r.uid for r in records} | {u for u in map(_uid, items) if u is not None}
+        try:
+            with self._transaction() as conn:
+                upsert_pods(conn, records)
+                gone = close_missing_pods(
+                    conn, listed_uids=listed, at_ms=at_ms, in_scope=self.in_scope
+                )
+                self._save_cursor(conn, resource_version, at_ms)
+        except StoreError as e:
+            if not isinstance(e.__cause__, _data_errors()):
+                raise
+            records = self._write_each(records, upsert_pods, _describe_record)
+            with self._transaction() as conn:
+                gone = close_missing_pods(
+                    conn, listed_uids=listed, at_ms=at_ms, in_scope=self.in_scope
+                )
+                self._save_cursor(conn, resource_version, at_ms)
         if gone:
             log.info(
                 "closed %d pods gone while unwatched", len(gone), extra={"rv": resource_version}
@@ -122,19 +198,27 @@ class PodSink(_StoreSink):
 
         with self._transaction() as conn:
             known = self._known_deletions(conn, events)
-            records: list[PodRecord] = []
-            for event in events:
-                if event.type not in CHANGES:
-                    continue
-                deleted = event.type == "DELETED"
-                uid = _uid(event.obj)
-                rec = self._record(
-                    event.obj, deleted=deleted, event_ms=known.get(uid, at_ms) if deleted else None
-                )
-                if rec is not None:
-                    records.append(rec)
-            upsert_pods(conn, records)
-            self._save_cursor(conn, resource_version, at_ms)
+        records: list[PodRecord] = []
+        for event in events:
+            if event.type not in CHANGES:
+                continue
+            deleted = event.type == "DELETED"
+            uid = _uid(event.obj)
+            rec = self._record(
+                event.obj, deleted=deleted, event_ms=known.get(uid, at_ms) if deleted else None
+            )
+            if rec is not None:
+                records.append(rec)
+        try:
+            with self._transaction() as conn:
+                upsert_pods(conn, records)
+                self._save_cursor(conn, resource_version, at_ms)
+        except StoreError as e:
+            if not isinstance(e.__cause__, _data_errors()):
+                raise
+            records = self._write_each(records, upsert_pods, _describe_record)
+            with self._transaction() as conn:
+                self._save_cursor(conn, resource_version, at_ms)
         return len(records)
 
     @staticmethod
@@ -148,8 +232,9 @@ class PodSink(_StoreSink):
         uids = [
             _uid(e.obj)
             for e in events
-            if e.type == "DELETED" and not (e.obj.get("metadata") or {}).get("deletionTimestamp")
+            if e.type == "DELETED" and not _meta(e.obj).get("deletionTimestamp")
         ]
+        uids = [u for u in uids if u is not None]
         if not uids:
             return {}
         rows = conn.execute(
@@ -168,26 +253,62 @@ class NodeSink(_StoreSink):
         rows = self._rows([e.obj for e in events if e.type in CHANGES], at_ms)
         return self._write(rows, resource_version, at_ms)
 
-    @staticmethod
-    def _rows(objs: list[dict[str, Any]], at_ms: int) -> list[dict[str, Any]]:
+    def _rows(self, objs: list[dict[str, Any]], at_ms: int) -> list[dict[str, Any]]:
         rows = []
         for obj in objs:
             try:
-                rows.append(node_row(obj, at_ms=at_ms))
+                row = node_row(obj, at_ms=at_ms)
+                check_row(nodes, row, what="node")
+            except RowError as e:
+                self._skip(_describe(obj, kind="node"), e, reason="unstorable")
             except InputError as e:
-                log.warning("skipping node: %s", e)
+                self._skip(_describe(obj, kind="node"), e, reason="unreadable")
+            except Exception as e:  # a shape no rule foresaw
+                self._skip(
+                    _describe(obj, kind="node"), f"{type(e).__name__}: {e}", reason="unreadable"
+                )
+            else:
+                rows.append(row)
         return rows
 
     def _write(self, rows: list[dict[str, Any]], resource_version: str, at_ms: int) -> int:
         from auditor.store.writes import upsert_nodes
 
-        with self._transaction() as conn:
-            upsert_nodes(conn, rows)
-            self._save_cursor(conn, resource_version, at_ms)
+        try:
+            with self._transaction() as conn:
+                upsert_nodes(conn, rows)
+                self._save_cursor(conn, resource_version, at_ms)
+        except StoreError as e:
+            if not isinstance(e.__cause__, _data_errors()):
+                raise
+            rows = self._write_each(rows, upsert_nodes, lambda r: f"node {r.get('name')}")
+            with self._transaction() as conn:
+                self._save_cursor(conn, resource_version, at_ms)
         return len(rows)
 
 
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+    return meta if isinstance(meta, Mapping) else {}
+
+
+def _describe(obj: Mapping[str, Any], *, kind: str = "pod") -> str:
+    """`pod NS/NAME` for a log line, whatever the object holds (names cut, escaped)."""
+    meta = _meta(obj)
+    parts = [meta.get("namespace"), meta.get("name")]
+    name = "/".join(p if isinstance(p, str) else "?" for p in parts if p is not None) or "?"
+    return f"{kind} {shown(name, 80)}"
+
+
+def _describe_record(rec: PodRecord) -> str:
+    return f"pod {shown(f'{rec.namespace}/{rec.name}', 80)}"
+
+
+def _first_line(error: object) -> str:
+    text = str(error).strip()
+    return shown(text.splitlines()[0], 200) if text else type(error).__name__
+
+
 def _uid(obj: Mapping[str, Any]) -> str | None:
-    meta = obj.get("metadata")
-    uid = meta.get("uid") if isinstance(meta, Mapping) else None
+    uid = _meta(obj).get("uid")
     return uid if isinstance(uid, str) else None

@@ -33,7 +33,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
-from auditor.errors import InputError
+from auditor import limits
+from auditor.errors import InputError, shown
 from auditor.model import PodRecord, WorkloadKind
 from auditor.settings import TeamRules
 
@@ -64,12 +65,17 @@ def pod_record(
     teams: TeamRules,
     event_ms: int | None = None,
     deleted: bool = False,
+    adjusted: list[str] | None = None,
 ) -> PodRecord | None:
     """The record of one observation of `pod`, or None when the pod requests no GPU.
 
     `deleted` says the observation is a watch `DELETED` event; `event_ms` is when the caller
     saw that event, used as the deletion time when the pod carries no `deletionTimestamp`.
-    Raises `PodFieldError` (an `InputError`) naming the field that cannot be read.
+    Raises `PodFieldError` (an `InputError`) naming the field that cannot be read or stored
+    (a UID, name or namespace too long or holding a NUL, a phase that is not a string, a GPU
+    count out of range). Derived text that can be fitted is (`auditor.limits.fit_text`): a
+    team taken from a 300-character annotation is cut, with a digest, rather than losing the
+    pod's GPU-hours; the names of fields so fitted are appended to `adjusted` when given.
     """
     if not isinstance(pod, Mapping):
         raise PodFieldError("a pod must be a JSON object", field="(pod)")
@@ -77,9 +83,9 @@ def pod_record(
     spec = _obj(pod, "spec", "spec")
     status = _obj(pod, "status", "status", required=False)
 
-    uid = _required_str(meta, "uid", "metadata.uid")
-    name = _required_str(meta, "name", "metadata.name")
-    namespace = _required_str(meta, "namespace", "metadata.namespace")
+    uid = _required_str(meta, "uid", "metadata.uid", limit=limits.UID_MAX)
+    name = _required_str(meta, "name", "metadata.name", limit=limits.NAME_MAX)
+    namespace = _required_str(meta, "namespace", "metadata.namespace", limit=limits.NAME_MAX)
 
     gpu_count, gpu_resource = gpu_request(spec)
     if gpu_count == 0:
@@ -87,6 +93,14 @@ def pod_record(
 
     labels = _str_map(meta, "labels", "metadata.labels")
     annotations = _str_map(meta, "annotations", "metadata.annotations")
+    phase = status.get("phase")
+    if phase is not None and not isinstance(phase, str):
+        raise PodFieldError(f"must be a string, got {type(phase).__name__}", field="status.phase")
+    node = spec.get("nodeName")
+    if node is not None and not isinstance(node, str):
+        raise PodFieldError(f"must be a string, got {type(node).__name__}", field="spec.nodeName")
+    if node and (len(node) > limits.NAME_MAX or not limits.is_clean(node)):
+        raise PodFieldError("not a node name", field="spec.nodeName", value=node)
     times = pod_times(meta=meta, spec=spec, status=status, deleted=deleted, event_ms=event_ms)
     view = PodView(
         uid=uid,
@@ -98,29 +112,49 @@ def pod_record(
         env_rank=_env_rank(spec),
     )
     work = workload_of(view)
-    node = spec.get("nodeName")
+    team = team_of(view, teams)
+    fitted = {
+        "team": limits.fit_text(team, limits.NAME_MAX),
+        "job": limits.fit_text(work.job, limits.JOB_MAX),
+        "job_kind": limits.fit_text(work.job_kind, limits.KIND_MAX),
+        "gang": limits.fit_text(work.gang, limits.GANG_MAX),
+        "gpu_resource": limits.fit_text(gpu_resource, limits.RESOURCE_MAX),
+    }
+    if adjusted is not None:
+        raw = {"team": team, "job": work.job, "job_kind": work.job_kind, "gang": work.gang}
+        raw["gpu_resource"] = gpu_resource
+        adjusted.extend(k for k, v in fitted.items() if v != raw[k])
+    version = _optional_str(meta, "resourceVersion")
     return PodRecord(
         uid=uid,
         namespace=namespace,
         name=name,
-        node=node if isinstance(node, str) and node else None,
-        team=team_of(view, teams),
-        job=work.job,
-        job_kind=work.job_kind,
+        node=node or None,
+        team=fitted["team"],
+        job=fitted["job"],
+        job_kind=fitted["job_kind"],
         workload=work.workload,
-        gang=work.gang,
+        gang=fitted["gang"],
         gpu_count=gpu_count,
-        gpu_resource=gpu_resource,
+        gpu_resource=fitted["gpu_resource"],
         rank=work.rank,
         created_ms=times.created_ms,
         bound_ms=times.bound_ms,
         started_ms=times.started_ms,
         finished_ms=times.finished_ms,
         deleted_ms=times.deleted_ms,
-        phase=_optional_str(status, "phase"),
-        resource_version=_optional_str(meta, "resourceVersion"),
-        labels=labels,
-        annotations={k: v for k, v in annotations.items() if k not in DROPPED_ANNOTATIONS},
+        phase=limits.fit_text(phase, limits.PHASE_MAX) if phase else None,
+        resource_version=(
+            version
+            if version and len(version) <= limits.VERSION_MAX and limits.is_clean(version)
+            else None
+        ),
+        labels={limits.clean_text(k): limits.clean_text(v) for k, v in labels.items()},
+        annotations={
+            limits.clean_text(k): limits.clean_text(v)
+            for k, v in annotations.items()
+            if k not in DROPPED_ANNOTATIONS
+        },
     )
 
 
@@ -189,12 +223,22 @@ _INT_QUANTITY = re.compile(r"\+?[0-9]+")
 
 
 def _gpu_quantity(qty: object, field: str) -> int:
-    """A GPU count: a whole number (the API writes quantities as strings, "2")."""
+    """A GPU count: a whole number (the API writes quantities as strings, "2"), at most
+    `limits.MAX_GPUS_PER_POD`."""
+    count: int | None = None
     if isinstance(qty, int) and not isinstance(qty, bool) and qty >= 0:
-        return qty
-    if isinstance(qty, str) and _INT_QUANTITY.fullmatch(qty.strip()):
-        return int(qty.strip())
-    raise PodFieldError(f"GPU quantity must be a whole number, got {qty!r}", field=field, value=qty)
+        count = qty
+    elif isinstance(qty, str) and len(qty) <= 32 and _INT_QUANTITY.fullmatch(qty.strip()):
+        count = int(qty.strip())
+    if count is None:
+        raise PodFieldError(
+            f"GPU quantity must be a whole number, got {shown(qty)}", field=field, value=qty
+        )
+    if count > limits.MAX_GPUS_PER_POD:
+        raise PodFieldError(
+            f"GPU quantity {count:.3g} is more than any node has", field=field, value=qty
+        )
+    return count
 
 
 # ---------------------------------------------------------------------------------------------
@@ -279,6 +323,8 @@ def pod_times(
             all_terminated = False
 
     phase = status.get("phase")
+    if not isinstance(phase, str):
+        phase = None
     final = (
         phase in TERMINAL_PHASES
         or spec.get("restartPolicy") == "Never"
@@ -320,7 +366,7 @@ def parse_time(value: object, *, field: str) -> int | None:
         return None
     m = _RFC3339.fullmatch(value) if isinstance(value, str) else None
     if m is None:
-        raise PodFieldError(f"not an RFC 3339 time: {value!r}", field=field, value=value)
+        raise PodFieldError(f"not an RFC 3339 time: {shown(value)}", field=field, value=value)
     year, month, day, hour, minute, second = (int(g) for g in m.groups()[:6])
     frac, zulu, sign, off_h, off_m = m.groups()[6:]
     try:
@@ -334,7 +380,7 @@ def parse_time(value: object, *, field: str) -> int | None:
         dt = datetime(year, month, day, hour, minute, second, tzinfo=tz)
     except ValueError as e:
         raise PodFieldError(
-            f"not an RFC 3339 time: {value!r} ({e})", field=field, value=value
+            f"not an RFC 3339 time: {shown(value)} ({e})", field=field, value=value
         ) from e
     ms = int((frac or "0")[:3].ljust(3, "0"))
     return int(dt.timestamp()) * 1000 + ms
@@ -679,9 +725,11 @@ def _env_rank(spec: Mapping[str, Any]) -> int | None:
 
 
 def _as_int(value: object) -> int | None:
-    """A non-negative integer label value, else None (labels are the user's to garble)."""
-    if isinstance(value, str) and value.isascii() and value.isdigit():
-        return int(value)
+    """A non-negative integer label value that fits a 32-bit column, else None (labels are
+    the user's to garble: `job-completion-index: "99999999999999999999"` is a valid label)."""
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 10:
+        number = int(value)
+        return number if limits.in_int32(number) else None
     return None
 
 
@@ -715,12 +763,18 @@ def _list(parent: Mapping[str, Any], key: str, field: str) -> Sequence[Any]:
     return value
 
 
-def _required_str(parent: Mapping[str, Any], key: str, field: str) -> str:
+def _required_str(parent: Mapping[str, Any], key: str, field: str, *, limit: int) -> str:
     value = parent.get(key)
     if value is None or value == "":
         raise PodFieldError("missing", field=field)
     if not isinstance(value, str):
-        raise PodFieldError(f"must be a string, got {value!r}", field=field, value=value)
+        raise PodFieldError(
+            f"must be a string, got {type(value).__name__}", field=field, value=value
+        )
+    if len(value) > limit:
+        raise PodFieldError(f"longer than {limit} characters", field=field, value=value)
+    if not limits.is_clean(value):
+        raise PodFieldError("holds a NUL or an unpaired surrogate", field=field, value=value)
     return value
 
 
@@ -734,6 +788,8 @@ def _str_map(parent: Mapping[str, Any], key: str, field: str) -> dict[str, str]:
     out: dict[str, str] = {}
     for k, v in value.items():
         if not isinstance(v, str):
-            raise PodFieldError(f"values must be strings, got {v!r}", field=f"{field}.{k}", value=v)
+            raise PodFieldError(
+                f"values must be strings, got {shown(v)}", field=f"{field}.{k}", value=v
+            )
         out[k] = v
     return out

@@ -152,13 +152,24 @@ def watch(
         selector=options.selector,
         timeouts=timeouts,
     )
-    pairs: list[tuple[kube.KubeSource, Any]] = [
-        (pod_source, PodSink(engine, scope=pod_source.scope, teams=config.teams, in_scope=in_scope))
-    ]
+    kinds = (kube.Kind.PODS, kube.Kind.NODES) if options.nodes else (kube.Kind.PODS,)
+    metrics = WatchMetrics(tuple(str(k) for k in kinds))
+    pod_sink = PodSink(
+        engine,
+        scope=pod_source.scope,
+        teams=config.teams,
+        in_scope=in_scope,
+        on_skip=lambda reason: metrics.skipped("pods", reason),
+    )
+    pairs: list[tuple[kube.KubeSource, Any]] = [(pod_source, pod_sink)]
     if options.nodes:
         node_source = kube.KubeSource(api, kind=kube.Kind.NODES, timeouts=timeouts)
-        pairs.append((node_source, NodeSink(engine, scope=node_source.scope)))
-    metrics = WatchMetrics(tuple(str(source.kind) for source, _ in pairs))
+        node_sink = NodeSink(
+            engine,
+            scope=node_source.scope,
+            on_skip=lambda reason: metrics.skipped("nodes", reason),
+        )
+        pairs.append((node_source, node_sink))
     loop = LoopOptions(watch_timeout_s=options.watch_timeout_s)
     failures: list[BaseException] = []
 

@@ -15,6 +15,7 @@ from sqlalchemy import Connection, Table, delete, func, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from auditor.model import GpuRecord, GpuSample, PodRecord
+from auditor.store.bounds import check_row
 from auditor.store.bulk import SAMPLE_COLUMNS, object_spans, write_rows
 from auditor.store.schema import (
     audit_findings,
@@ -164,7 +165,10 @@ def upsert_pods(conn: Connection, records: Iterable[PodRecord]) -> int:
         index_elements=[pods.c.uid],
         set_={**keep_old, **{c: stmt.excluded[c] for c in replace_cols}},
     )
-    conn.execute(stmt, [pod_row(r) for r in merged.values()])
+    rows = [pod_row(r) for r in merged.values()]
+    for row in rows:
+        check_row(pods, row, what=f"pod {row['namespace']}/{row['name']}")
+    conn.execute(stmt, rows)
     return len(merged)
 
 
@@ -326,7 +330,10 @@ def upsert_nodes(conn: Connection, records: Iterable[NodeRow]) -> int:
     stmt = stmt.on_conflict_do_update(
         index_elements=[nodes.c.name], set_={c: stmt.excluded[c] for c in columns}
     )
-    conn.execute(stmt, [dict(r) for r in latest.values()])
+    rows = [dict(r) for r in latest.values()]
+    for row in rows:
+        check_row(nodes, row, what=f"node {row['name']}")
+    conn.execute(stmt, rows)
     return len(latest)
 
 
