@@ -9,63 +9,16 @@ extras); checkov lives in its own virtualenv `.tools/` (its pins clash with ours
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import subprocess
-import sys
-from functools import cache
 from pathlib import Path
 from typing import Any
 
 import pytest
 import typer
-import yaml
+from kustomized import OVERLAYS, ROOT, objects, pod_spec, rendered, tool, workloads
 
 from auditor.cli import app
-
-ROOT = Path(__file__).resolve().parents[1]
-OVERLAYS = ["postgres", "external-db", "sharded"]
-WORKLOADS = ("Deployment", "DaemonSet", "StatefulSet", "Job", "CronJob")
-
-
-def tool(name: str, *extra: Path) -> str:
-    for candidate in (Path(sys.executable).parent / name, *extra):
-        if candidate.is_file():
-            return str(candidate)
-    found = shutil.which(name)
-    if found:
-        return found
-    if os.environ.get("CI"):
-        pytest.fail(f"{name} is required under CI (see .ci/run)")
-    pytest.skip(f"{name} is not installed (pip install '.[test]'; checkov: .ci/run)")
-
-
-@cache
-def rendered(overlay: str) -> str:
-    out = subprocess.run(
-        [tool("kubectl"), "kustomize", str(ROOT / "manifests" / "overlays" / overlay)],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return out.stdout
-
-
-def objects(overlay: str) -> list[dict[str, Any]]:
-    return [d for d in yaml.safe_load_all(rendered(overlay)) if d]
-
-
-def pod_spec(obj: dict[str, Any]) -> dict[str, Any]:
-    if obj["kind"] == "CronJob":
-        spec: dict[str, Any] = obj["spec"]["jobTemplate"]["spec"]["template"]["spec"]
-        return spec
-    spec = obj["spec"]["template"]["spec"]
-    return spec
-
-
-def workloads(overlay: str) -> list[dict[str, Any]]:
-    return [o for o in objects(overlay) if o["kind"] in WORKLOADS]
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
