@@ -61,6 +61,14 @@ def user_errors() -> Iterator[None]:
     except KeyboardInterrupt:
         typer.echo("auditor: interrupted", err=True)
         raise typer.Exit(130) from None
+    except Exception as e:
+        from auditor.jobs.common import environment_failure
+
+        failure = environment_failure(state.db_url, e)
+        if failure is None:
+            raise
+        typer.echo(f"auditor: error: {failure}", err=True)
+        raise typer.Exit(failure.exit_code) from None
 
 
 def _version(value: bool) -> None:

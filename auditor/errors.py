@@ -10,6 +10,11 @@ MAX_SHOWN = 40
 """Characters of a bad value an error message echoes: a 10 MB cell must not make a 10 MB line."""
 
 
+MAX_FIELD = 60
+MAX_MESSAGE = 200
+"""An error is one line a person reads: field names and messages are cut to these."""
+
+
 def shown(value: object, keep: int = MAX_SHOWN) -> str:
     """`repr(value)` cut to `keep` characters (containers by their type alone)."""
     text = type(value).__name__ if isinstance(value, dict | list) else repr(value)
@@ -48,8 +53,11 @@ class InputError(AuditorError):
             if self.line is not None:
                 where += f":{self.line}"
             where += ": "
-        field = f"field {self.field!r}: " if self.field else ""
-        return f"{where}{field}{self.message}"
+        field = f"field {shown(self.field, MAX_FIELD)}: " if self.field else ""
+        message = self.message
+        if len(message) > MAX_MESSAGE:
+            message = f"{message[:MAX_MESSAGE]}…"
+        return f"{where}{field}{message}"
 
 
 class ConfigError(InputError):

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from auditor.collect.workloads import PodFieldError, pod_record
-from auditor.errors import InputError
+from auditor.errors import InputError, shown
 from auditor.model import PodRecord
 from auditor.settings import TeamRules
 
@@ -135,7 +135,7 @@ def _top_object(text: _Window, line: int) -> Iterator[_Found]:
                 raise text.error("not valid JSON: expected a property name in double quotes")
             text.expect(":")
             if key == "items" and not streamed and text.peek() == "[":
-                kind = head.get("kind")
+                kind = _kind(head)
                 if kind is not None and kind not in LIST_KINDS:
                     raise text.error(f"{EXPECTED}, got kind={kind}", line=line, field="kind")
                 streamed = True
@@ -150,7 +150,7 @@ def _top_object(text: _Window, line: int) -> Iterator[_Found]:
             break
     start, end = text.anchor, text.pos
     text.anchor = None
-    kind = head.get("kind")
+    kind = _kind(head)
     if streamed or kind in LIST_KINDS or "items" in head:
         if kind is not None and kind not in LIST_KINDS:
             raise text.error(f"{EXPECTED}, got kind={kind}", line=line, field="kind")
@@ -187,15 +187,23 @@ def _items(text: _Window) -> Iterator[_Found]:
         return
 
 
+def _kind(obj: dict[str, Any]) -> str | None:
+    """The `kind` of an object, shown as text when it is not a string (never unhashable)."""
+    kind = obj.get("kind")
+    if kind is None:
+        return None
+    return kind[:60] if isinstance(kind, str) else shown(kind)
+
+
 def _watch_event(
     text: _Window, event: dict[str, Any], *, line: int, start: int, end: int
 ) -> _Found | None:
-    kind = event["type"]
+    kind = event["type"] if isinstance(event["type"], str) else shown(event["type"])
     obj = event["object"]
     if kind == "ERROR":
         status = obj if isinstance(obj, dict) else {}
-        reason = " ".join(str(status[k]) for k in ("code", "reason") if status.get(k))
-        message = status.get("message") or "no message"
+        reason = " ".join(str(status[k])[:40] for k in ("code", "reason") if status.get(k))
+        message = str(status.get("message") or "no message")[:160]
         raise text.error(
             f"the watch stream reported an error: {reason + ': ' if reason else ''}{message}",
             line=line,
@@ -222,7 +230,7 @@ def _as_pod(
     field = f"{prefix}.kind" if prefix else "kind"
     if not isinstance(obj, dict):
         raise text.error(f"{EXPECTED}, got {_json_type(obj)}", line=line, field=prefix or None)
-    kind = obj.get("kind")
+    kind = _kind(obj)
     if kind is None:
         spec = obj.get("spec")
         if not (isinstance(spec, dict) and "containers" in spec):
@@ -339,6 +347,10 @@ class _Window:
                     self._fill()
                     continue
                 raise self.error(f"not valid JSON: {e.msg}", at=e.pos) from e
+            except RecursionError as e:
+                raise self.error("not a pod file: JSON nested too deeply") from e
+            except ValueError as e:  # an integer of more digits than Python converts
+                raise self.error(f"not valid JSON: {shown(str(e), 60)}") from e
             if end == len(self.buf) and not self.eof:
                 self._fill()  # a number may go on in the next read
                 continue

@@ -62,6 +62,36 @@ def raise_store_error(url: str, e: Exception) -> None:
     raise StoreError(f"cannot use {safe}: {first}") from e
 
 
+def environment_failure(url: str, e: BaseException) -> AuditorError | None:
+    """The one-line error for a failure of the database or the machine rather than of the
+    auditor (disk full, read-only file, a server restarted mid-run, a lost connection,
+    permission denied), or None for anything else: a bug, which keeps its traceback."""
+    import sqlite3
+
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from auditor.errors import StoreError
+
+    drivers: tuple[type[BaseException], ...] = (SQLAlchemyError, sqlite3.Error)
+    try:
+        import psycopg
+
+        drivers += (psycopg.Error,)
+    except ImportError:  # pragma: no cover - psycopg is a dependency
+        pass
+    if isinstance(e, drivers):
+        try:
+            raise_store_error(url, e if isinstance(e, Exception) else Exception(str(e)))
+        except StoreError as store_error:
+            return store_error
+    if isinstance(e, OSError):
+        where = f": {e.filename}" if e.filename else ""
+        return StoreError(f"{e.strerror or type(e).__name__}{where}")
+    if isinstance(e, MemoryError):
+        return StoreError("out of memory: give the command a smaller window or input")
+    return None
+
+
 def batched(items: Iterator[T], size: int) -> Iterator[list[T]]:
     batch: list[T] = []
     for item in items:

@@ -1,0 +1,119 @@
+"""Fuzz every file importer through the real CLI: no traceback, one short line, nothing
+written on a refusal.
+
+Real fixture files (kubectl JSON lists, watch streams, single pods; nvidia-smi CSVs of every
+layout) are damaged by a seeded mutator (`tests/mutate.py`) and imported into a SQLite store
+that already holds data. Each case must end in success (exit 0) or a refusal: exit 2 or 3,
+one line `auditor: error: ...` under 300 characters, no traceback, and the store's contents
+exactly as before. `AUDITOR_FUZZ_CASES` sets the number of cases per importer (default 150,
+a few seconds each in CI); a longer run prints its counts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sqlite3
+from pathlib import Path
+from random import Random
+
+import pytest
+from mutate import CSV_HOSTILE, JSON_HOSTILE, mutate
+from typer.testing import CliRunner
+
+from auditor.cli import app
+
+FIXTURES = Path(__file__).parent / "fixtures"
+CASES = int(os.environ.get("AUDITOR_FUZZ_CASES", "150"))
+runner = CliRunner()
+
+POD_FILES = sorted(
+    [
+        *(FIXTURES / "pods").glob("*.json"),
+        *sorted((FIXTURES / "pods" / "controllers").glob("*.json"))[:6],
+    ]
+)
+CSV_FILES = sorted((FIXTURES / "nvidia_smi").glob("*.csv"))
+
+
+def dump(db: Path) -> str:
+    """A digest of every row of every table."""
+    conn = sqlite3.connect(db)
+    try:
+        digest = hashlib.sha256()
+        for line in conn.iterdump():
+            digest.update(line.encode("utf-8", "surrogatepass"))
+        return digest.hexdigest()
+    finally:
+        conn.close()
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A store holding samples and pods already, so a refusal has something to keep."""
+    db = tmp_path_factory.mktemp("fuzz") / "auditor.db"
+    url = f"sqlite:///{db}"
+    csv = runner.invoke(
+        app, ["--db", url, "import", "nvidia-smi", str(CSV_FILES[0]), "--node", "n0"]
+    )
+    assert csv.exit_code == 0, csv.output
+    pods = runner.invoke(app, ["--db", url, "import", "pods", str(FIXTURES / "pods/list.json")])
+    assert pods.exit_code == 0, pods.output
+    return db
+
+
+def run_case(store: Path, tmp: Path, args: list[str], data: bytes) -> str | None:
+    """Import `data`; None when the outcome keeps the contract, else what broke it."""
+    path = tmp / "input"
+    path.write_bytes(data)
+    before = dump(store)
+    result = runner.invoke(app, ["--db", f"sqlite:///{store}", *args, str(path)])
+    out = result.output
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        return f"exception {type(result.exception).__name__}: {str(result.exception)[:200]}"
+    if "Traceback" in out:
+        return "a traceback in the output"
+    if result.exit_code == 0:
+        return None
+    if result.exit_code not in (2, 3):
+        return f"exit {result.exit_code}: {out[:200]!r}"
+    lines = out.splitlines()
+    if len(lines) != 1 or not lines[0].startswith("auditor: error: "):
+        return f"not one error line: {out[:300]!r}"
+    if len(lines[0]) >= 300:
+        return f"error line of {len(lines[0])} characters: {lines[0][:120]!r}"
+    if dump(store) != before:
+        return f"refused ({lines[0][:120]!r}) but the store changed"
+    return None
+
+
+@pytest.mark.parametrize(
+    ("importer", "files", "hostile", "seed"),
+    [
+        pytest.param(["import", "pods"], POD_FILES, JSON_HOSTILE, 1201, id="pods"),
+        pytest.param(
+            ["import", "nvidia-smi", "--node", "fuzz-node"], CSV_FILES, CSV_HOSTILE, 1202, id="csv"
+        ),
+    ],
+)
+def test_damaged_files_are_imported_or_refused_cleanly(
+    store: Path,
+    tmp_path: Path,
+    importer: list[str],
+    files: list[Path],
+    hostile: tuple[bytes, ...],
+    seed: int,
+) -> None:
+    rng = Random(seed)
+    originals = [f.read_bytes() for f in files]
+    failures: list[str] = []
+    for case in range(CASES):
+        data = mutate(rng.choice(originals), rng, hostile)
+        problem = run_case(store, tmp_path, importer, data)
+        if problem is not None:
+            failures.append(f"case {case}: {problem}")
+            (tmp_path / f"failed-{case}").write_bytes(data)
+    print(f"{importer[1]}: {CASES} cases, {len(failures)} failures")
+    assert not failures, f"{len(failures)} of {CASES} cases broke the contract:\n" + "\n".join(
+        failures[:15]
+    )
