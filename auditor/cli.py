@@ -20,6 +20,7 @@ import typer
 
 from auditor import __version__
 from auditor.errors import AuditorError, InputError
+from auditor.report.text import terminal_safe
 from auditor.settings import CONFIG_ENV, DB_URL_ENV, Config, default_db_url, load_config
 
 app = typer.Typer(
@@ -56,7 +57,7 @@ def user_errors() -> Iterator[None]:
     try:
         yield
     except AuditorError as e:
-        typer.echo(f"auditor: error: {e}", err=True)
+        typer.echo(f"auditor: error: {terminal_safe(str(e))}", err=True)  # may echo a name
         raise typer.Exit(e.exit_code) from None
     except KeyboardInterrupt:
         typer.echo("auditor: interrupted", err=True)
@@ -106,7 +107,7 @@ def root(
     try:
         state.db_url = db or default_db_url()
     except AuditorError as e:
-        typer.echo(f"auditor: error: {e}", err=True)
+        typer.echo(f"auditor: error: {terminal_safe(str(e))}", err=True)
         raise typer.Exit(e.exit_code) from None
     state.config_path = config
 

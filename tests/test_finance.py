@@ -16,12 +16,12 @@ from auditor.model import CATEGORIES, PLATFORM_TEAM
 from auditor.report.finance import (
     COLUMNS,
     finance_rows,
-    neutralise,
     parse_week,
     render_finance_csv,
     round_column,
 )
 from auditor.report.summary import totals
+from auditor.report.text import csv_cell, neutralise
 from auditor.settings import Prices
 
 WEEK = parse_week("2026-W48")
@@ -137,8 +137,8 @@ def test_text_cells_round_trip_through_csv_reader_without_formulas(team: str, ce
     cells = dict(zip(header, row, strict=True))
     for col in ("team", "cost_centre"):
         assert not cells[col].startswith(("=", "+", "-", "@", "\t", "\r"))
-    assert cells["team"] == neutralise(team)
-    assert cells["cost_centre"] == neutralise(centre)
+    assert cells["team"] == csv_cell(team)
+    assert cells["cost_centre"] == csv_cell(centre)
 
 
 @pytest.mark.parametrize("cell", ["=1+2", "+SUM(A1)", "-2", "@cmd", "\tx", "\rx"])

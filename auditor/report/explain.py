@@ -4,7 +4,8 @@
 ranks and nodes into an `Explanation`; `render_explain_text` draws each
 card as a strip of categories over time (one character per time slot, legend below), the
 findings with times and durations, what the gang waited on, and the next steps. The HTML
-chart of the same `Explanation` is in `auditor.report.html`.
+chart of the same `Explanation` is in `auditor.report.html`. Every line is made
+`terminal_safe`, so a name with control or bidi characters shows them as escapes.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import pandas as pd
 
 from auditor.model import SCHEDULING_WASTE, WasteCategory
 from auditor.report.advice import next_step, throttle_names
+from auditor.report.text import terminal_safe
 from auditor.report.timeline import CardTimeline
 
 SYMBOLS = {
@@ -241,4 +243,4 @@ def render_explain_text(ex: Explanation, *, width: int = 72) -> str:
         lines.append("  nothing: no card waited for a slower rank")
     lines += ["", "Next steps:"]
     lines += [f"  {cat}: {step}" for cat, step in ex.steps] or ["  none: the cards were busy"]
-    return "\n".join(lines) + "\n"
+    return "\n".join(terminal_safe(line) for line in lines) + "\n"

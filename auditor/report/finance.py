@@ -4,7 +4,8 @@ Hours carry 4 decimals and money 2. Each column is rounded by the largest-remain
 so a column of the file sums exactly to the rounded total of the same column unrounded: the
 file reconciles with `auditor report` for the week, and all rows' `allocated_cost` with the
 fleet's capacity × price (the platform rows are charged the capacity no pod held).
-Text cells are neutralised against spreadsheet formula injection.
+Text cells have control characters escaped and are neutralised against spreadsheet formula
+injection (`auditor.report.text.csv_cell`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import pandas as pd
 
 from auditor.errors import InputError
 from auditor.model import CATEGORIES, PLATFORM_TEAM, SCHEDULING_WASTE, WasteCategory
+from auditor.report.text import csv_cell
 from auditor.settings import Prices
 
 COLUMNS = [
@@ -35,7 +37,6 @@ HOURS_DECIMALS = 4
 MONEY_DECIMALS = 2
 PRICE_DECIMALS = 4
 UNKNOWN_MODEL = "(unknown)"
-_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 
 
 @dataclass(frozen=True)
@@ -68,11 +69,6 @@ def parse_week(text: str) -> Week:
     return Week(label, int(start.timestamp() * 1000), int(end.timestamp() * 1000))
 
 
-def neutralise(text: str) -> str:
-    """Prefix a cell a spreadsheet would read as a formula with an apostrophe (OWASP)."""
-    return "'" + text if text.startswith(_FORMULA_START) else text
-
-
 def round_column(values: np.ndarray, decimals: int) -> np.ndarray:
     """Round so that the rounded values sum to the rounded sum (largest remainder)."""
     if len(values) == 0:
@@ -93,7 +89,8 @@ def finance_rows(
     prices: Prices,
     cost_centres: dict[str, str],
 ) -> pd.DataFrame:
-    """One row per team × GPU model, platform rows last; numbers rounded, text neutralised."""
+    """One row per team × GPU model, platform rows last; numbers rounded (text is made safe
+    when rendered)."""
     frame = results.assign(
         team=results["team"].where(results["pod_uid"].notna(), PLATFORM_TEAM),
         gpu_model=results["gpu_model"].fillna(UNKNOWN_MODEL),
@@ -140,7 +137,8 @@ def finance_rows(
 
 
 def render_finance_csv(rows: pd.DataFrame) -> str:
-    """The CSV text (RFC 4180, CRLF): fixed precision, neutralised text, stable order."""
+    """The CSV text (RFC 4180, CRLF): fixed precision, escaped and neutralised text, stable
+    order."""
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\r\n")
     writer.writerow(COLUMNS)
@@ -154,6 +152,6 @@ def render_finance_csv(rows: pd.DataFrame) -> str:
             if col in decimals:
                 cells.append(f"{float(value):.{decimals[col]}f}")
             else:
-                cells.append(neutralise(str(value)))
+                cells.append(csv_cell(str(value)))
         writer.writerow(cells)
     return buf.getvalue()

@@ -4,13 +4,14 @@ One file each, to open from an e-mail: inline CSS and SVG (`auditor.report.svg`)
 no font or image from the network. The report shows the fleet summary, stacked bars of the
 categories per group, the per-card utilisation distribution, the top offenders with their
 next steps, and the timelines of the offending jobs (linked from the offenders table).
+Every name goes through `html_text` (`auditor.report.text`): control and bidi characters
+become visible escapes, then `html.escape` makes it safe in text and quoted attributes.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Hashable, Mapping, Sequence
-from html import escape
 from typing import Any
 
 import pandas as pd
@@ -29,6 +30,7 @@ from auditor.report.svg import (
     time_axis,
     whiskers,
 )
+from auditor.report.text import html_text
 
 STYLE = """
 body{font:14px/1.4 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:24px;color:#222;
@@ -63,13 +65,13 @@ def slug(text: str) -> str:
 def _page(title: str, body: str) -> str:
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-        f"<title>{escape(title)}</title><style>{STYLE}{css()}</style></head>"
+        f"<title>{html_text(title)}</title><style>{STYLE}{css()}</style></head>"
         f"<body>{body}</body></html>\n"
     )
 
 
 def _tile(label: str, value: str) -> str:
-    return f'<div class="tile"><b>{escape(value)}</b>{escape(label)}</div>'
+    return f'<div class="tile"><b>{html_text(value)}</b>{html_text(label)}</div>'
 
 
 def _share(part: float, whole: float) -> str:
@@ -89,7 +91,7 @@ def _summary(report: Report) -> str:
         _tile("held time on inferred GPU→pod mapping", f"{t['inferred_share']:.0%}"),
     ]
     note = rolled_up_note(report)
-    flag = "" if note is None else f"<p class='muted'>{escape(note)}</p>"
+    flag = "" if note is None else f"<p class='muted'>{html_text(note)}</p>"
     return f'<div class="tiles">{"".join(tiles)}</div>{flag}'
 
 
@@ -108,7 +110,7 @@ def _groups(report: Report) -> str:
         rest = bars[MAX_BARS - 1 :]
         other = {c.value: sum(v.get(c.value, 0.0) for _, v in rest) for c in CATEGORIES}
         bars = [*bars[: MAX_BARS - 1], (f"{len(rest)} others", other)]
-    head = "".join(f"<th>{escape(k)}</th>" for k in keys)
+    head = "".join(f"<th>{html_text(k)}</th>" for k in keys)
     head += '<th class="n">held GPU-h</th><th class="n">busy</th><th class="n">sched. waste</th>'
     head += '<th class="n">compute idle</th><th class="n">util p10/p50/p90</th>'
     body = []
@@ -116,13 +118,13 @@ def _groups(report: Report) -> str:
         util = "/".join(
             "-" if pd.isna(r[q]) else f"{r[q]:.0f}" for q in ("util_p10", "util_p50", "util_p90")
         )
-        cells = "".join(f"<td>{escape(str(r[k]))}</td>" for k in keys)
+        cells = "".join(f"<td>{html_text(str(r[k]))}</td>" for k in keys)
         cells += f'<td class="n">{r["allocated_gpu_hours"]:,.1f}</td>'
         for share in ("busy_share", "scheduling_waste_share", "compute_idle_share"):
             cells += f'<td class="n">{"-" if pd.isna(r[share]) else f"{r[share]:.0%}"}</td>'
         body.append(f"<tr>{cells}<td class='n'>{util}</td></tr>")
     return (
-        f"<h2>GPU-hours by {escape(report.by)}</h2>{legend()}{stacked_bars(bars)}"
+        f"<h2>GPU-hours by {html_text(report.by)}</h2>{legend()}{stacked_bars(bars)}"
         f"<table><tr>{head}</tr>{''.join(body)}</table>"
     )
 
@@ -141,7 +143,7 @@ def _distribution(report: Report, card_util: Sequence[float] | None) -> str:
         hist = f"<div><h3>{title}</h3>{histogram(card_util)}</div>"
     return (
         "<h2>Per-card utilisation</h2><div style='display:flex;gap:24px;flex-wrap:wrap'>"
-        f"{hist}<div><h3>p10–p90 per {escape(report.by)}, median dot{more}</h3>"
+        f"{hist}<div><h3>p10–p90 per {html_text(report.by)}, median dot{more}</h3>"
         f"{whiskers(rows)}</div></div>"
     )
 
@@ -151,16 +153,16 @@ def _offenders(report: Report, linked: set[str]) -> str:
         return "<h2>Top offenders</h2><p>None.</p>"
     rows = []
     for r in report.offenders.to_dict("records"):
-        who = escape(str(r["offender"]))
+        who = html_text(str(r["offender"]))
         if str(r["offender"]) in linked:
             who = f'<a href="#{slug(str(r["offender"]))}">{who}</a>'
         cat = str(r["category"])
         rows.append(
             f'<tr><td><span class="key"><i class="c-{cat}"></i>'
-            f"{escape(LABELS.get(cat, cat))}</span></td>"
+            f"{html_text(LABELS.get(cat, cat))}</span></td>"
             f'<td>{who}</td><td class="n">{r["gpu_hours"]:,.1f}</td>'
             f'<td class="n">{r["share_of_category"]:.0%}</td>'
-            f"<td>{escape(str(r['next_step']))}</td></tr>"
+            f"<td>{html_text(str(r['next_step']))}</td></tr>"
         )
     return (
         "<h2>Top offenders and next steps</h2><table><tr><th>category</th><th>offender</th>"
@@ -177,7 +179,7 @@ def explain_section(ex: Explanation, *, width: int = 900, max_cards: int | None 
     """One job's or pod's cards over time, its findings and next steps (an HTML fragment)."""
     lo, hi = ex.window
     parts = [
-        f'<div class="tl" id="{slug(ex.target)}"><h3>{escape(ex.target)}</h3>'
+        f'<div class="tl" id="{slug(ex.target)}"><h3>{html_text(ex.target)}</h3>'
         f'<p class="muted">{len(ex.cards)} card(s), {when(lo)} → {when(hi)} UTC '
         f"({duration((hi - lo) / 1000)}). Line: utilisation (0–100 %); shading: the biggest "
         "non-busy category of each time slot, stronger where it takes more of the slot.</p>",
@@ -187,24 +189,24 @@ def explain_section(ex: Explanation, *, width: int = 900, max_cards: int | None 
         held = sum(c.totals.values()) or 1.0
         rank = "" if c.rank is None else f" rank {c.rank}"
         parts.append(
-            f'<div class="card">{escape(c.pod)}{rank} · {escape(c.node)} · '
-            f'<span class="muted">{escape(c.timeline.gpu[:16])}</span> · busy '
+            f'<div class="card">{html_text(c.pod)}{rank} · {html_text(c.node)} · '
+            f'<span class="muted">{html_text(c.timeline.gpu[:16])}</span> · busy '
             f"{c.totals.get('busy', 0.0) / held:.0%}</div>{card_strip(c.timeline, width=width)}"
         )
     parts.append(time_axis(lo, hi, width=width))
     if max_cards is not None and len(ex.cards) > max_cards:
         parts.append(
             f"<p class='muted'>… and {len(ex.cards) - max_cards} more cards: "
-            f"<code>auditor explain {escape(ex.target)}</code> shows them all.</p>"
+            f"<code>auditor explain {html_text(ex.target)}</code> shows them all.</p>"
         )
     f = grouped_findings(ex.findings)
     if len(f):
         rows = "".join(
-            f"<tr><td>{escape(str(r['kind']))}</td><td class='t'>{when(r['start_ms'])}</td>"
+            f"<tr><td>{html_text(str(r['kind']))}</td><td class='t'>{when(r['start_ms'])}</td>"
             f"<td class='t'>{when(r['end_ms'])}</td>"
             f"<td class='n'>{duration(float(r['seconds']))}{_each(int(r['cards']))}</td>"
-            f"<td class='n'>{r['cards'] or ''}</td><td>{escape(str(r['pods']))}</td>"
-            f"<td>{escape(str(r['detail']))}</td></tr>"
+            f"<td class='n'>{r['cards'] or ''}</td><td>{html_text(str(r['pods']))}</td>"
+            f"<td>{html_text(str(r['detail']))}</td></tr>"
             for r in f.head(40).to_dict("records")
         )
         parts.append(
@@ -214,12 +216,12 @@ def explain_section(ex: Explanation, *, width: int = 900, max_cards: int | None 
     s = ex.findings[ex.findings["kind"] == "straggler"]
     for r in s.to_dict("records"):
         parts.append(
-            f"<p>The others waited {duration(float(r['seconds']))} on {escape(str(r['pod']))} "
-            f"({escape(str(r['node']))}, GPU {escape(str(r['gpu'])[:16])}).</p>"
+            f"<p>The others waited {duration(float(r['seconds']))} on {html_text(str(r['pod']))} "
+            f"({html_text(str(r['node']))}, GPU {html_text(str(r['gpu'])[:16])}).</p>"
         )
     if ex.steps:
         items = "".join(
-            f"<li><b>{escape(LABELS.get(c, c))}</b>: {escape(s)}</li>" for c, s in ex.steps
+            f"<li><b>{html_text(LABELS.get(c, c))}</b>: {html_text(s)}</li>" for c, s in ex.steps
         )
         parts.append(f"<p>Next steps:</p><ul>{items}</ul>")
     parts.append("</div>")
@@ -236,7 +238,7 @@ def render_report_html(
     window = f"{when(report.window[0])} → {when(report.window[1])} UTC"
     linked = {ex.target for ex in timelines}
     body = (
-        f"<h1>GPU waste audit</h1><p class='muted'>{escape(window)}</p>{_summary(report)}"
+        f"<h1>GPU waste audit</h1><p class='muted'>{html_text(window)}</p>{_summary(report)}"
         f"{_groups(report)}{_distribution(report, card_util)}{_offenders(report, linked)}"
     )
     if timelines:
@@ -250,5 +252,5 @@ def render_explain_html(ex: Explanation) -> str:
     """`auditor explain --html`: the explain chart of one job or pod as a page."""
     return _page(
         f"GPU timeline of {ex.target}",
-        f"<h1>GPU timeline of {escape(ex.target)}</h1>{explain_section(ex)}",
+        f"<h1>GPU timeline of {html_text(ex.target)}</h1>{explain_section(ex)}",
     )

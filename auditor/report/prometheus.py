@@ -2,7 +2,9 @@
 
 `gpu_waste_hours{<grouping keys>, category}` carries GPU-hours per category of the report's
 window, so an existing Grafana can chart where GPU time goes; the window's bounds come along
-as timestamps so a dashboard can tell stale figures.
+as timestamps so a dashboard can tell stale figures. Label values are names made
+`terminal_safe` (the text may well be printed, and a lone surrogate cannot be encoded), then
+escaped by the exposition writer (backslash, double quote, newline).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from prometheus_client.registry import Collector
 
 from auditor.model import CATEGORIES
 from auditor.report.render import Report, group_keys
+from auditor.report.text import terminal_safe
 
 
 class _ReportCollector(Collector):
@@ -29,7 +32,7 @@ class _ReportCollector(Collector):
             labels=[*keys, "category"],
         )
         for rec in self.report.rows.to_dict("records"):
-            labels = [str(rec[k]) for k in keys]
+            labels = [terminal_safe(str(rec[k])) for k in keys]
             for cat in CATEGORIES:
                 hours.add_metric([*labels, cat.value], float(rec[f"{cat.value}_gpu_hours"]))
         yield hours

@@ -1,4 +1,9 @@
-"""Renderers: a report as a terminal table, JSON (array of row objects) or CSV."""
+"""Renderers: a report as a terminal table, JSON (array of row objects) or CSV.
+
+Names are data from outside: the table shows them `terminal_safe` (and never as rich markup),
+CSV text cells go through `csv_cell`, and JSON is ASCII with JSON's own escapes, so it keeps
+the exact names (a lone surrogate included) and still prints on any terminal.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ from typing import Any
 import pandas as pd
 
 from auditor.model import CATEGORIES
+from auditor.report.text import csv_cell, safe_lines, terminal_safe
 
 HOURS_DECIMALS = 4
 
@@ -72,7 +78,7 @@ def render_json(report: Report) -> str:
     if report.rolled_up_seconds > 0:
         hours = round(report.rolled_up_seconds / 3600, HOURS_DECIMALS + 2)
         records = [{**rec, ROLLED_UP_FIELD: hours} for rec in records]
-    return json.dumps(records, indent=2) + "\n"
+    return json.dumps(records, indent=2, ensure_ascii=True) + "\n"
 
 
 def render_csv(report: Report) -> str:
@@ -80,7 +86,9 @@ def render_csv(report: Report) -> str:
     writer = csv.writer(buf, lineterminator="\r\n")
     writer.writerow(list(report.rows.columns))
     for rec in _records(report.rows):
-        writer.writerow(["" if v is None else v for v in rec.values()])
+        writer.writerow(
+            ["" if v is None else csv_cell(v) if isinstance(v, str) else v for v in rec.values()]
+        )
     return buf.getvalue()
 
 
@@ -102,6 +110,12 @@ def render_table(report: Report, *, width: int = 150) -> str:
     """A readable terminal report: totals, the grouped table, and the top offenders."""
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
+
+    def cell(value: Any) -> Text:
+        """A name as literal text: escaped, and no rich markup or emoji codes read in it."""
+        v = _clean(value)
+        return Text("-" if v is None else terminal_safe(str(v)))
 
     buf = io.StringIO()
     console = Console(file=buf, width=width, force_terminal=False, color_system=None)
@@ -149,7 +163,7 @@ def render_table(report: Report, *, width: int = 150) -> str:
             for q in ("util_p10", "util_p50", "util_p90")
         )
         table.add_row(
-            *(str(_clean(rec[k]) if _clean(rec[k]) is not None else "-") for k in keys),
+            *(cell(rec[k]) for k in keys),
             _num(rec["allocated_gpu_hours"]),
             *(_num(rec[f"{c.value}_gpu_hours"]) for c in CATEGORIES),
             f"{_num(rec['scheduling_waste_gpu_hours'])} ({_pct(rec['scheduling_waste_share'])})",
@@ -168,11 +182,11 @@ def render_table(report: Report, *, width: int = 150) -> str:
             off.add_column(col, justify=justify)  # type: ignore[arg-type]
         for rec in report.offenders.to_dict("records"):
             off.add_row(
-                rec["category"],
-                str(rec["offender"]),
+                cell(rec["category"]),
+                cell(rec["offender"]),
                 _num(rec["gpu_hours"]),
                 _pct(rec["share_of_category"]),
-                rec["next_step"],
+                cell(rec["next_step"]),
             )
         console.print(off)
-    return buf.getvalue()
+    return safe_lines(buf.getvalue())  # the cells are escaped already: this is the guarantee

@@ -2,17 +2,18 @@
 
 Every chart is a string of SVG with integer (or one-decimal) coordinates, so a week of a
 100-GPU fleet stays small. Colours come from CSS classes `c-<category>` defined once in the
-page's style sheet (`COLOURS`), so a shape carries no colour of its own.
+page's style sheet (`COLOURS`), so a shape carries no colour of its own. Labels go through
+`html_text` wherever they appear, `<title>` tooltips included.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from html import escape
 
 import numpy as np
 
 from auditor.model import CATEGORIES
+from auditor.report.text import html_text
 from auditor.report.timeline import CardTimeline
 
 COLOURS: dict[str, str] = {
@@ -39,7 +40,7 @@ def css() -> str:
 
 def legend(categories: Sequence[str] = tuple(COLOURS)) -> str:
     items = "".join(
-        f'<span class="key"><i class="c-{c}"></i>{escape(LABELS.get(c, c))}</span>'
+        f'<span class="key"><i class="c-{c}"></i>{html_text(LABELS.get(c, c))}</span>'
         for c in categories
     )
     return f'<div class="legend">{items}</div>'
@@ -61,7 +62,7 @@ def stacked_bars(
     for i, (label, values) in enumerate(rows):
         y = gap + i * (bar_h + gap)
         parts.append(
-            f'<text x="{label_w - 6}" y="{y + 15}" text-anchor="end">{escape(label)}</text>'
+            f'<text x="{label_w - 6}" y="{y + 15}" text-anchor="end">{html_text(label)}</text>'
         )
         x = float(label_w)
         for cat in COLOURS:
@@ -69,9 +70,10 @@ def stacked_bars(
             w = v * scale
             if w < 0.05:
                 continue
+            title = f"{label}: {LABELS[cat]} {v:,.1f} {unit}"
             parts.append(
                 f'<rect class="c-{cat}" x="{_fmt(x)}" y="{y}" width="{_fmt(w)}" height="{bar_h}">'
-                f"<title>{escape(label)}: {escape(LABELS[cat])} {v:,.1f} {unit}</title></rect>"
+                f"<title>{html_text(title)}</title></rect>"
             )
             x += w
         total = sum(values.values())
@@ -118,14 +120,14 @@ def whiskers(rows: Sequence[tuple[str, float, float, float]], *, width: int = 44
     for i, (label, p10, p50, p90) in enumerate(rows):
         y = 10 + i * row_h
         parts.append(
-            f'<text x="{label_w - 6}" y="{y + 5}" text-anchor="end">{escape(label)}</text>'
+            f'<text x="{label_w - 6}" y="{y + 5}" text-anchor="end">{html_text(label)}</text>'
         )
         if np.isnan(p50):
             continue
         x0, x1, xm = (label_w + span * v / 100 for v in (p10, p90, p50))
         parts.append(
             f'<line class="range" x1="{_fmt(x0)}" x2="{_fmt(x1)}" y1="{y}" y2="{y}"/>'
-            f'<circle class="c-busy" cx="{_fmt(xm)}" cy="{y}" r="4"><title>{escape(label)}: '
+            f'<circle class="c-busy" cx="{_fmt(xm)}" cy="{y}" r="4"><title>{html_text(label)}: '
             f"p10 {p10:.0f} %, p50 {p50:.0f} %, p90 {p90:.0f} %</title></circle>"
         )
     for v in (0, 50, 100):
