@@ -68,7 +68,7 @@ def user_errors() -> Iterator[None]:
         failure = environment_failure(state.db_url, e)
         if failure is None:
             raise
-        typer.echo(f"auditor: error: {failure}", err=True)
+        typer.echo(f"auditor: error: {terminal_safe(str(failure))}", err=True)
         raise typer.Exit(failure.exit_code) from None
 
 
@@ -236,8 +236,10 @@ def import_nvidia_smi(
             ignore_unknown_columns=ignore_unknown_columns,
             progress=progress,
         )
+    already = f" ({stats.already} already stored)" if stats.already else ""
     typer.echo(
-        f"imported {stats.rows} samples of {stats.gpus} GPUs from {file} in {stats.seconds:.1f}s"
+        f"imported {stats.rows} samples of {stats.gpus} GPUs from {file} in "
+        f"{stats.seconds:.1f}s{already}"
     )
 
 

@@ -6,6 +6,7 @@ the values it used.
 
 from __future__ import annotations
 
+import math
 import os
 import tomllib
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -64,8 +65,14 @@ class Thresholds:
             want = int if known[key].type in ("int", int) else float
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise ConfigError(f"must be a number, not {value!r}", file=source, field=key)
+            if not math.isfinite(value):
+                raise ConfigError(f"must be a finite number, got {value!r}", file=source, field=key)
             if value < 0:
                 raise ConfigError(f"must not be negative, got {value!r}", file=source, field=key)
+            if want is int and value != int(value):
+                raise ConfigError(f"must be a whole number, got {value!r}", file=source, field=key)
+            if key == "idle_threshold_pct" and value > 100:
+                raise ConfigError(f"is a percentage, got {value!r}", file=source, field=key)
             clean[key] = want(value)
         return replace(self, **clean)
 
@@ -169,7 +176,7 @@ def load_config(path: Path | None) -> Config:
     prices_raw = _table(raw, "prices", name)
     by_model: dict[str, float] = {}
     for model, value in prices_raw.items():
-        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        if not _non_negative(value):
             raise ConfigError(
                 f"must be a price per GPU-hour (a number >= 0), not {value!r}",
                 file=name,
@@ -181,7 +188,7 @@ def load_config(path: Path | None) -> Config:
     retention_raw = _table(raw, "retention", name)
     _known(retention_raw, {"raw_days"}, name, "retention.")
     raw_days = retention_raw.get("raw_days", Retention().raw_days)
-    if isinstance(raw_days, bool) or not isinstance(raw_days, int | float) or raw_days < 0:
+    if not _non_negative(raw_days):
         raise ConfigError(
             f"must be a number of days >= 0, not {raw_days!r}",
             file=name,
@@ -193,6 +200,16 @@ def load_config(path: Path | None) -> Config:
         prices=Prices(default=default_price, by_model=by_model, currency=currency),
         cost_centres=_text_map(raw.get("cost_centres", {}), name, "cost_centres"),
         retention=Retention(raw_days=float(raw_days)),
+    )
+
+
+def _non_negative(value: Any) -> bool:
+    """A finite number >= 0 (TOML has `nan` and `inf`; neither is a price or a length)."""
+    return (
+        not isinstance(value, bool)
+        and isinstance(value, int | float)
+        and math.isfinite(value)
+        and value >= 0
     )
 
 

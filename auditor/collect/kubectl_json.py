@@ -110,13 +110,21 @@ class _Found:
 
 
 def _pod_objects(text: _Window) -> Iterator[_Found]:
-    """The pods of every top-level value of the text, in order."""
+    """The pods of every top-level value of the text, in order. An empty file is refused:
+    it is what a failed `kubectl ... > file` leaves, not a cluster without pods (that is a
+    List with no items)."""
+    values = 0
     while (c := text.peek()) != "":
         line = text.line_at(text.pos)
         if c != "{":
             value = text.value()
             raise text.error(f"{EXPECTED}, got {_json_type(value)}", line=line)
+        values += 1
         yield from _top_object(text, line)
+    if values == 0:
+        raise text.error(
+            "the file is empty: expected the output of `kubectl get pods -A -o json`", line=1
+        )
 
 
 def _top_object(text: _Window, line: int) -> Iterator[_Found]:

@@ -237,6 +237,10 @@ def _first_hex(cells: Sequence[str], columns: tuple[int, ...]) -> str | None:
     return None
 
 
+EARLIEST_MS = 946_684_800_000
+"""2000-01-01T00:00:00Z: no GPU log is older; a 1970 date is a clock that was reset."""
+
+
 class _LocalClock:
     """Turns nvidia-smi's zone-less local timestamps into epoch milliseconds UTC.
 
@@ -244,8 +248,9 @@ class _LocalClock:
     consecutive rows share their minute.
     """
 
-    def __init__(self, tz: tzinfo) -> None:
+    def __init__(self, tz: tzinfo, *, not_after_ms: int | None = None) -> None:
         self._tz = tz
+        self._not_after_ms = not_after_ms
         fixed = tz.utcoffset(None) if isinstance(tz, timezone) else None
         self._fixed_ms = None if fixed is None else fixed // _MS
         # (the "YYYY/MM/DD HH:MM" text, its local ms, first and second UTC offset in ms)
@@ -276,6 +281,9 @@ class _LocalClock:
             repeat_ms = local_ms - second
             if utc_ms < latest - _REPEAT_TOLERANCE_MS and repeat_ms >= latest:
                 utc_ms = repeat_ms
+        if not EARLIEST_MS <= utc_ms <= (self._not_after_ms or utc_ms):
+            when = "before 2000" if utc_ms < EARLIEST_MS else "in the future"
+            raise _BadCell(column, f"{cell} is {when}: is the node's clock set right?")
         if latest is None or utc_ms > latest:
             self.latest_ms = utc_ms
         return utc_ms
@@ -296,15 +304,21 @@ class _LocalClock:
         second = local.replace(fold=1).utcoffset()
         if first is None or second is None:
             raise ValueError(f"time zone {self._tz!r} gives no UTC offset")
+        if local.astimezone(UTC).astimezone(self._tz).replace(tzinfo=None) != local.replace(
+            tzinfo=None
+        ):
+            raise _BadCell(
+                column, f"{match.group(0)} does not exist in {self._tz} (clocks went forward)"
+            )
         return key, minute_ms, first // _MS, second // _MS
 
 
 class _Reader:
     """Turns the cells of one data line into a GPU and a sample, under a layout."""
 
-    def __init__(self, *, node: str, tz: tzinfo) -> None:
+    def __init__(self, *, node: str, tz: tzinfo, not_after_ms: int | None = None) -> None:
         self.node = node
-        self.clock = _LocalClock(tz)
+        self.clock = _LocalClock(tz, not_after_ms=not_after_ms)
         self._records: dict[tuple[str, int | None, str | None, float | None], GpuRecord] = {}
 
     def sample(self, cells: Sequence[str], layout: _Layout) -> tuple[GpuRecord, GpuSample]:
@@ -375,13 +389,17 @@ def read_nvidia_smi(
     tz: tzinfo = UTC,
     ignore_unknown_columns: bool = False,
     on_progress: Callable[[int], None] | None = None,
+    not_after_ms: int | None = None,
 ) -> Iterator[tuple[GpuRecord, GpuSample]]:
     """Yield one (GPU, sample) per data row of an nvidia-smi CSV log, streaming the file.
 
     `node` names the machine the log came from; a GPU without a `uuid` column is
     `NODE/index`. `tz` is the node's time zone (nvidia-smi writes local time without one).
     `on_progress` receives the number of bytes read so far every `PROGRESS_EVERY_LINES`
-    lines and at the end. Duplicate rows are yielded as they come.
+    lines and at the end. Duplicate rows are yielded as they come. A time before 2000 or
+    after `not_after_ms` (the caller's "now", with a margin) is refused: a node whose clock
+    was reset writes 1970, and one such sample would stretch every audit of all data over
+    decades. So is a local time that does not exist in `tz` (the hour skipped in spring).
 
     Raises `InputError` naming the file, line and field for bad input, including a file that
     cannot be read or holds no sample. Being a generator, it opens the file and raises only
@@ -396,7 +414,7 @@ def read_nvidia_smi(
     with raw:
         text = io.TextIOWrapper(raw, encoding=_encoding(raw), errors="replace", newline="")
         layout = _DEFAULT_LAYOUT
-        reader = _Reader(node=node, tz=tz)
+        reader = _Reader(node=node, tz=tz, not_after_ms=not_after_ms)
         samples = 0
         dropped: InputError | None = None
         line_no = 0

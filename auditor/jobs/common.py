@@ -23,8 +23,11 @@ BATCH_ROWS = 20_000
 class ImportStats:
     file: str
     rows: int
+    """Rows newly stored."""
     gpus: int
     seconds: float
+    already: int = 0
+    """Rows of the file that were stored already (a re-import, or files that overlap)."""
 
 
 def open_store(url: str) -> Engine:

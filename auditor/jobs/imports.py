@@ -16,6 +16,10 @@ from auditor.settings import Config
 if TYPE_CHECKING:
     pass
 
+FUTURE_MARGIN_S = 86_400
+"""How far past this machine's clock a sample may be dated (clocks of nodes and laptops
+differ, and a log may be read in another zone); later is a clock set wrong."""
+
 
 def import_nvidia_smi(
     url: str,
@@ -35,7 +39,7 @@ def import_nvidia_smi(
 
     started = time.perf_counter()
     engine = open_store(url)
-    rows = 0
+    rows = offered = 0
     known: dict[str, GpuRecord] = {}
     ids: dict[str, int] = {}
     with engine.begin() as conn:
@@ -45,6 +49,7 @@ def import_nvidia_smi(
             tz=tz or UTC,
             ignore_unknown_columns=ignore_unknown_columns,
             on_progress=progress,
+            not_after_ms=int((time.time() + FUTURE_MARGIN_S) * 1000),
         )
         for batch in batched(pairs, BATCH_ROWS):
             new = [g for g, _ in batch if known.get(g.uuid) != g]
@@ -52,7 +57,10 @@ def import_nvidia_smi(
                 ids.update(upsert_gpus(conn, new))
                 known.update((g.uuid, g) for g in new)
             rows += insert_samples(conn, [s for _, s in batch], ids)
-    return ImportStats(str(path), rows, len(ids), time.perf_counter() - started)
+            offered += len(batch)
+    return ImportStats(
+        str(path), rows, len(ids), time.perf_counter() - started, already=offered - rows
+    )
 
 
 def import_pods(

@@ -104,7 +104,8 @@ def write_rows(conn: Connection, rows: Sequence[Row], *, spans: Spans, repeats: 
     """Insert sample rows, skipping keys already stored, in the caller's transaction.
 
     `spans` and `repeats` describe the batch (`frame_rows`, `object_spans`); they only choose
-    the path, never the outcome. Returns the rows offered.
+    the path, never the outcome. Returns the rows newly stored (keys already stored, and
+    repeats within the batch, are not counted).
     """
     if not rows:
         return 0
@@ -112,15 +113,16 @@ def write_rows(conn: Connection, rows: Sequence[Row], *, spans: Spans, repeats: 
     if conn.dialect.name == "postgresql":
         with raw.cursor() as cur:  # type: ignore[union-attr]
             if repeats or _any_stored(cur, spans) or not _copy_direct(cur, rows):
-                _copy_merge(cur, rows)
+                return _copy_merge(cur, rows)
         return len(rows)
     marks = ", ".join("?" * len(ROW_COLUMNS))
     cursor = raw.cursor()  # type: ignore[union-attr]
     try:
         cursor.executemany(f"INSERT OR IGNORE INTO gpu_samples ({_COLS}) VALUES ({marks})", rows)
+        stored = int(cursor.rowcount)  # executemany: the sum over the rows
     finally:
         cursor.close()
-    return len(rows)
+    return stored
 
 
 def _any_stored(cur: Any, spans: Spans) -> bool:
@@ -156,7 +158,7 @@ def _copy_direct(cur: Any, rows: Sequence[Row]) -> bool:
     return True
 
 
-def _copy_merge(cur: Any, rows: Sequence[Row]) -> None:
+def _copy_merge(cur: Any, rows: Sequence[Row]) -> int:
     cur.execute(
         "CREATE TEMP TABLE IF NOT EXISTS auditor_stage_samples "
         "(LIKE gpu_samples INCLUDING DEFAULTS) ON COMMIT DELETE ROWS"
@@ -166,4 +168,6 @@ def _copy_merge(cur: Any, rows: Sequence[Row]) -> None:
         f"INSERT INTO gpu_samples ({_COLS}) SELECT {_COLS} FROM auditor_stage_samples "
         "ON CONFLICT (gpu_id, ts_ms) DO NOTHING"
     )
+    stored = int(cur.rowcount)
     cur.execute("TRUNCATE auditor_stage_samples")
+    return stored

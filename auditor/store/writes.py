@@ -81,7 +81,7 @@ def upsert_gpus(conn: Connection, records: Iterable[GpuRecord]) -> dict[str, int
 def insert_samples(
     conn: Connection, samples: Sequence[GpuSample], gpu_ids: Mapping[str, int]
 ) -> int:
-    """Insert samples, skipping any (GPU, timestamp) already stored. Returns rows offered.
+    """Insert samples, skipping any (GPU, timestamp) already stored. Returns rows stored.
 
     The hot path of every import; `auditor.store.bulk` says how each database takes it.
     """
