@@ -1,7 +1,8 @@
 """The node sampler's loop, over Protocols: a device reader, a holder source, a sink.
 
 Every `period_s` it reads the node's GPUs and who holds them, and appends the pass to the
-on-disk buffer; every `flush_every_s` it writes the buffered passes, oldest first and in
+on-disk buffer (bounded in bytes; a full disk drops the oldest passes, counted, and never
+stops the loop); every `flush_every_s` it writes the buffered passes, oldest first and in
 batches, to the sink. A store outage leaves passes in the buffer (bounded, oldest dropped
 and counted) until the store is back. A failing device or pod-resources call is counted and
 the pass goes on; a GPU the store has on another node (or as another model) is skipped,
@@ -18,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from auditor.collect.buffer import Batch, DiskBuffer, Holding
+from auditor.collect.buffer import Batch, BufferStorageError, DiskBuffer, Holding
 from auditor.collect.podresources import DeviceHolder, normalise_device_id
 from auditor.collect.sampler_metrics import SamplerMetrics
 from auditor.collect.sink import Sink, Written
@@ -137,6 +138,13 @@ class Sampler:
             return self._flush()
 
     def _flush(self) -> bool:
+        try:
+            return self._flush_buffered()
+        except BufferStorageError as e:  # stored batches are written again next time: harmless
+            log.warning("%s", e)
+            return False
+
+    def _flush_buffered(self) -> bool:
         while True:
             items = self.buffer.oldest(self.settings.flush_batches)
             pending = self.buffer.unresolved()
