@@ -25,7 +25,7 @@ class SampleOptions:
     period_s: float = 5.0
     flush_every_s: float = 30.0
     buffer_max_mib: float = 200.0
-    """MiB of passes kept while the store is down (about 6 days of 8 GPUs at 5 s); beyond
+    """MiB of passes kept while the store is down (about 4 days of 8 GPUs at 5 s); beyond
     it, or on a full disk, the oldest are dropped and counted. The file takes up to 1.2
     times this on disk."""
     pod_resources_socket: Path | None = None
