@@ -617,14 +617,17 @@ def sample(
         float,
         typer.Option("--flush-every", min=1.0, help="Seconds between writes to the database."),
     ] = 30.0,
-    max_buffered: Annotated[
-        int,
+    buffer_max_mib: Annotated[
+        float,
         typer.Option(
-            "--max-buffered",
-            min=1,
-            help="Most passes kept while the database is down; the oldest are dropped and counted.",
+            "--buffer-max-mib",
+            envvar="AUDITOR_BUFFER_MAX_MIB",
+            show_envvar=True,
+            min=0.01,
+            help="MiB of passes kept while the database is down; beyond it, or on a full disk, "
+            "the oldest are dropped and counted.",
         ),
-    ] = 17_280,
+    ] = 200.0,
     pod_resources: Annotated[
         Path | None,
         typer.Option(
@@ -661,7 +664,7 @@ def sample(
             buffer_dir=buffer_dir,
             period_s=period,
             flush_every_s=flush_every,
-            max_buffered_passes=max_buffered,
+            buffer_max_mib=buffer_max_mib,
             pod_resources_socket=None if no_pod_resources else pod_resources,
             metrics_host=metrics_host,
             metrics_port=None if metrics_port < 0 else metrics_port,

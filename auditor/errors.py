@@ -68,3 +68,38 @@ class StoreError(AuditorError):
     """The database cannot be reached or is not at the expected schema."""
 
     exit_code = 3
+
+
+class GpuConflictError(InputError):
+    """A GPU UUID that the store (or the same input) already has on another node or as
+    another model: one UUID is one physical card, and its past samples stay where they were
+    taken, so the write is refused rather than moving them."""
+
+    def __init__(
+        self,
+        *,
+        uuid: str,
+        field: str,
+        stored: str,
+        new: str,
+        file: str | None = None,
+        line: int | None = None,
+    ) -> None:
+        self.uuid = uuid
+        self.conflict = field
+        self.stored = stored
+        self.new = new
+        if field == "node":
+            message = (
+                f"GPU {uuid} is already recorded on node {stored!r}, not {new!r}; nothing was "
+                "written: check the node name (--node, or the exporter's Hostname label). A "
+                "GPU UUID is one physical card and its samples stay on the node that took "
+                "them (README: 'A GPU on two nodes')"
+            )
+        else:
+            message = (
+                f"GPU {uuid} is already recorded as {field} {stored!r}, not {new!r}; nothing "
+                "was written: one GPU UUID is one physical card, so one of the two sources "
+                "names the wrong card (README: 'A GPU on two nodes')"
+            )
+        super().__init__(message, file=file, line=line)

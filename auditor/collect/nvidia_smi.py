@@ -316,12 +316,24 @@ class _LocalClock:
 class _Reader:
     """Turns the cells of one data line into a GPU and a sample, under a layout."""
 
-    def __init__(self, *, node: str, tz: tzinfo, not_after_ms: int | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        node: str,
+        tz: tzinfo,
+        gpu_lines: dict[str, int] | None,
+        not_after_ms: int | None = None,
+    ) -> None:
         self.node = node
         self.clock = _LocalClock(tz, not_after_ms=not_after_ms)
         self._records: dict[tuple[str, int | None, str | None, float | None], GpuRecord] = {}
+        self._cards: dict[str, tuple[int, int | None, str | None]] = {}
+        """Per UUID: the line it first appears on, its index and model (once known)."""
+        self.gpu_lines = gpu_lines
 
-    def sample(self, cells: Sequence[str], layout: _Layout) -> tuple[GpuRecord, GpuSample]:
+    def sample(
+        self, cells: Sequence[str], layout: _Layout, *, line: int
+    ) -> tuple[GpuRecord, GpuSample]:
         ts_ms = self.clock.epoch_ms(cells, layout.timestamp)
         index_cell = cells[layout.index]
         index: int | None = None
@@ -356,13 +368,45 @@ class _Reader:
             throttle_reasons=_first_hex(cells, layout.throttle),
             temperature_c=temperature,
         )
-        return self._record(uuid, index, _first_text(cells, layout.name), memory_total), sample
-
-    def _record(
-        self, uuid: str, index: int | None, model: str | None, memory_total: float | None
-    ) -> GpuRecord:
-        """The same record object for the same GPU facts: a log repeats them every row."""
+        model = _first_text(cells, layout.name)
         key = (uuid, index, model, memory_total)
+        record = self._records.get(key)
+        if record is None:
+            self._check_card(uuid, index, model, line=line, layout=layout)
+            record = self._record(key)
+        return record, sample
+
+    def _check_card(
+        self, uuid: str, index: int | None, model: str | None, *, line: int, layout: _Layout
+    ) -> None:
+        """One UUID is one card: it keeps its index and model throughout a file."""
+        known = self._cards.get(uuid)
+        if known is None:
+            self._cards[uuid] = (line, index, model)
+            if self.gpu_lines is not None:
+                self.gpu_lines[uuid] = line
+            return
+        first_line, first_index, first_model = known
+        clash = f"one UUID is one card (are two nodes' logs in one file?); GPU {uuid}"
+        if index is not None and first_index is not None and index != first_index:
+            raise _BadCell(
+                layout.index,
+                f"{clash} is index {index} here, index {first_index} on line {first_line}",
+            )
+        if model is not None and first_model is not None and model != first_model:
+            raise _BadCell(
+                layout.name[0], f"{clash} is {model!r} here, {first_model!r} on line {first_line}"
+            )
+        if (first_index is None and index is not None) or (first_model is None and model):
+            self._cards[uuid] = (
+                first_line,
+                first_index if index is None else index,
+                first_model or model,
+            )
+
+    def _record(self, key: tuple[str, int | None, str | None, float | None]) -> GpuRecord:
+        """The same record object for the same GPU facts: a log repeats them every row."""
+        uuid, index, model, memory_total = key
         record = self._records.get(key)
         if record is None:
             if len(self._records) >= 4096:
@@ -389,6 +433,7 @@ def read_nvidia_smi(
     tz: tzinfo = UTC,
     ignore_unknown_columns: bool = False,
     on_progress: Callable[[int], None] | None = None,
+    gpu_lines: dict[str, int] | None = None,
     not_after_ms: int | None = None,
 ) -> Iterator[tuple[GpuRecord, GpuSample]]:
     """Yield one (GPU, sample) per data row of an nvidia-smi CSV log, streaming the file.
@@ -396,10 +441,13 @@ def read_nvidia_smi(
     `node` names the machine the log came from; a GPU without a `uuid` column is
     `NODE/index`. `tz` is the node's time zone (nvidia-smi writes local time without one).
     `on_progress` receives the number of bytes read so far every `PROGRESS_EVERY_LINES`
-    lines and at the end. Duplicate rows are yielded as they come. A time before 2000 or
-    after `not_after_ms` (the caller's "now", with a margin) is refused: a node whose clock
-    was reset writes 1970, and one such sample would stretch every audit of all data over
-    decades. So is a local time that does not exist in `tz` (the hour skipped in spring).
+    lines and at the end. Duplicate rows are yielded as they come. `gpu_lines`, if given,
+    is filled in with the line where each GPU first appears (for errors found later, such
+    as the store's conflict check). One GPU UUID showing two indexes or two models is an
+    error on the line of the second. A time before 2000 or after `not_after_ms` (the
+    caller's "now", with a margin) is refused: a node whose clock was reset writes 1970, and
+    one such sample would stretch every audit of all data over decades. So is a local time
+    that does not exist in `tz` (the hour skipped in spring).
 
     Raises `InputError` naming the file, line and field for bad input, including a file that
     cannot be read or holds no sample. Being a generator, it opens the file and raises only
@@ -414,7 +462,7 @@ def read_nvidia_smi(
     with raw:
         text = io.TextIOWrapper(raw, encoding=_encoding(raw), errors="replace", newline="")
         layout = _DEFAULT_LAYOUT
-        reader = _Reader(node=node, tz=tz, not_after_ms=not_after_ms)
+        reader = _Reader(node=node, tz=tz, gpu_lines=gpu_lines, not_after_ms=not_after_ms)
         samples = 0
         dropped: InputError | None = None
         line_no = 0
@@ -440,7 +488,7 @@ def read_nvidia_smi(
                     if not complete and len(cells) < len(layout.names):
                         continue  # an interrupted last write
                     raise _cell_count_error(layout, len(cells))
-                yield reader.sample(cells, layout)
+                yield reader.sample(cells, layout, line=line_no)
                 samples += 1
             except _BadCell as bad:
                 field = bad.field

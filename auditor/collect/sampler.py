@@ -1,11 +1,13 @@
 """The node sampler's loop, over Protocols: a device reader, a holder source, a sink.
 
 Every `period_s` it reads the node's GPUs and who holds them, and appends the pass to the
-on-disk buffer; every `flush_every_s` it writes the buffered passes, oldest first and in
+on-disk buffer (bounded in bytes; a full disk drops the oldest passes, counted, and never
+stops the loop); every `flush_every_s` it writes the buffered passes, oldest first and in
 batches, to the sink. A store outage leaves passes in the buffer (bounded, oldest dropped
 and counted) until the store is back. A failing device or pod-resources call is counted and
-the pass goes on; only NVML failing as a whole (`DriverError`) ends the loop, so that the
-DaemonSet restarts the sampler.
+the pass goes on; a GPU the store has on another node (or as another model) is skipped,
+warned about once and counted, the other cards going on; only NVML failing as a whole
+(`DriverError`) ends the loop, so that the DaemonSet restarts the sampler.
 """
 
 from __future__ import annotations
@@ -17,10 +19,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from auditor.collect.buffer import Batch, DiskBuffer, Holding
+from auditor.collect.buffer import Batch, BufferStorageError, DiskBuffer, Holding
 from auditor.collect.podresources import DeviceHolder, normalise_device_id
 from auditor.collect.sampler_metrics import SamplerMetrics
-from auditor.collect.sink import Sink
+from auditor.collect.sink import Sink, Written
 from auditor.errors import AuditorError
 from auditor.model import GpuRecord, GpuSample
 
@@ -102,6 +104,8 @@ class Sampler:
         self.clock = clock
         self.stop = threading.Event()
         self._flushing = threading.Lock()
+        self._conflicting: set[str] = set()
+        """GPUs refused by the store (another node or model), each warned about once."""
 
     def sample_once(self) -> NodeReading:
         """One pass: read, map, append to the buffer."""
@@ -134,17 +138,26 @@ class Sampler:
             return self._flush()
 
     def _flush(self) -> bool:
+        try:
+            return self._flush_buffered()
+        except BufferStorageError as e:  # stored batches are written again next time: harmless
+            log.warning("%s", e)
+            return False
+
+    def _flush_buffered(self) -> bool:
         while True:
             items = self.buffer.oldest(self.settings.flush_batches)
             pending = self.buffer.unresolved()
             if not items and not pending:
                 return True
             try:
-                left = self.sink.write([b for _, b in items], pending=pending)
+                written = self.sink.write([b for _, b in items], pending=pending)
             except Exception as e:  # any store failure: keep the passes for later
                 self.metrics.store_errors.inc()
                 log.warning("store write failed, %d passes kept: %s", len(self.buffer), e)
                 return False
+            self._refused(written)
+            left = written.unresolved
             now_ms = int(self.clock() * 1000)
             keep_after = now_ms - int(self.settings.holding_ttl_s * 1000)
             upto = items[-1][0] if items else 0
@@ -157,6 +170,23 @@ class Sampler:
             )
             if len(items) < self.settings.flush_batches:
                 return True
+
+    def _refused(self, written: Written) -> None:
+        """Count the samples of GPUs the store has elsewhere; warn once per card."""
+        self.metrics.conflict_samples.inc(written.skipped_samples)
+        for c in written.conflicts:
+            if c.uuid not in self._conflicting:
+                self._conflicting.add(c.uuid)
+                log.warning(
+                    "GPU %s is recorded on the store with %s %r, this node reads %r: its "
+                    "samples are skipped (a GPU UUID is one card; see README 'A GPU on two "
+                    "nodes')",
+                    c.uuid,
+                    c.field,
+                    c.stored,
+                    c.new,
+                )
+        self.metrics.conflicting_gpus.set(len(self._conflicting))
 
     def run(self, *, max_passes: int | None = None) -> None:
         """Pass every period, on the period's grid (no drift), until `stop` is set or after

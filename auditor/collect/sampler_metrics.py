@@ -54,6 +54,17 @@ class SamplerMetrics:
             "Pod holdings dropped because the store never learned their pod.",
             registry=registry,
         )
+        self.conflict_samples = Counter(
+            f"{PREFIX}_gpu_conflict_samples",
+            "GPU samples skipped because the store has that GPU UUID on another node or as "
+            "another model (the card is not moved; see the sampler's warning).",
+            registry=registry,
+        )
+        self.conflicting_gpus = Gauge(
+            f"{PREFIX}_conflicting_gpus",
+            "GPUs of this node whose samples are skipped as conflicting with the store.",
+            registry=registry,
+        )
         self.buffered = Gauge(
             f"{PREFIX}_buffered_passes", "Passes waiting for the store.", registry=registry
         )

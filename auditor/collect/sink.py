@@ -5,26 +5,47 @@ the watcher or `import pods`). A holding is joined to the pod of that name whose
 (bound, or created, until finished or deleted, give or take `slack_ms`) overlaps it, the
 latest such pod where a name was reused. A holding whose pod is not stored yet is handed
 back, to be tried again on the next flush.
+
+A GPU the store already has on another node (or as another model) is not written: moving it
+would move its past samples. Its samples and holdings are skipped and reported back, and
+the other cards of the batch are written as usual.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from sqlalchemy import Connection, Engine, select
 
 from auditor.collect.buffer import Batch, Holding, merge_holdings
 from auditor.store.schema import gpus, pods
-from auditor.store.writes import insert_samples, upsert_assignments, upsert_gpus
+from auditor.store.writes import (
+    GpuConflict,
+    gpu_conflicts,
+    insert_samples,
+    upsert_assignments,
+    upsert_gpus,
+)
 
 SOURCE = "pod-resources"
 
 
-class Sink(Protocol):
-    """Stores batches; returns the holdings it could not join to a pod yet."""
+@dataclass(frozen=True)
+class Written:
+    """What a write left over: holdings not joined to a pod yet (kept for the next flush),
+    and the GPUs refused as conflicting with the store, with the samples skipped for them."""
 
-    def write(self, batches: Sequence[Batch], *, pending: Sequence[Holding]) -> list[Holding]: ...
+    unresolved: list[Holding]
+    conflicts: tuple[GpuConflict, ...] = ()
+    skipped_samples: int = 0
+
+
+class Sink(Protocol):
+    """Stores batches; says which holdings wait for their pod and which GPUs were refused."""
+
+    def write(self, batches: Sequence[Batch], *, pending: Sequence[Holding]) -> Written: ...
 
 
 class StoreSink:
@@ -42,12 +63,19 @@ class StoreSink:
             self._engine = self._connect()
         return self._engine
 
-    def write(self, batches: Sequence[Batch], *, pending: Sequence[Holding]) -> list[Holding]:
-        holdings = merge_holdings([*pending, *(h for b in batches for h in b.holdings)])
+    def write(self, batches: Sequence[Batch], *, pending: Sequence[Holding]) -> Written:
         with self.engine.begin() as conn:
-            latest = {g.uuid: g for b in batches for g in b.gpus}
+            conflicts = gpu_conflicts(conn, [g for b in batches for g in b.gpus])
+            refused = {c.uuid for c in conflicts}
+            latest = {g.uuid: g for b in batches for g in b.gpus if g.uuid not in refused}
             ids = upsert_gpus(conn, latest.values())
-            samples = [s for b in batches for s in b.samples]
+            samples = [s for b in batches for s in b.samples if s.gpu_uuid not in refused]
+            skipped = sum(len(b.samples) for b in batches) - len(samples)
+            holdings = merge_holdings(
+                h
+                for h in [*pending, *(h for b in batches for h in b.holdings)]
+                if h.gpu_uuid not in refused
+            )
             missing = {h.gpu_uuid for h in holdings} - set(ids)
             if missing:  # holdings of GPUs seen in an earlier flush
                 known = conn.execute(select(gpus.c.uuid, gpus.c.id).where(gpus.c.uuid.in_(missing)))
@@ -55,7 +83,7 @@ class StoreSink:
             insert_samples(conn, samples, ids)
             seen, unresolved = resolve_holdings(conn, holdings, ids, slack_ms=self.slack_ms)
             upsert_assignments(conn, seen, source=SOURCE)
-        return unresolved
+        return Written(unresolved, tuple(conflicts), skipped)
 
 
 Tenure = tuple[str, int, int | None]

@@ -42,6 +42,7 @@ def import_nvidia_smi(
     rows = offered = 0
     known: dict[str, GpuRecord] = {}
     ids: dict[str, int] = {}
+    lines: dict[str, int] = {}
     with engine.begin() as conn:
         pairs = read_nvidia_smi(
             path,
@@ -49,12 +50,13 @@ def import_nvidia_smi(
             tz=tz or UTC,
             ignore_unknown_columns=ignore_unknown_columns,
             on_progress=progress,
+            gpu_lines=lines,
             not_after_ms=int((time.time() + FUTURE_MARGIN_S) * 1000),
         )
         for batch in batched(pairs, BATCH_ROWS):
             new = [g for g, _ in batch if known.get(g.uuid) != g]
-            if new:
-                ids.update(upsert_gpus(conn, new))
+            if new:  # a GPU stored on another node or as another model: refused, rolled back
+                ids.update(upsert_gpus(conn, new, file=str(path), lines=lines))
                 known.update((g.uuid, g) for g in new)
             rows += insert_samples(conn, [s for _, s in batch], ids)
             offered += len(batch)

@@ -24,8 +24,10 @@ class SampleOptions:
     buffer_dir: Path
     period_s: float = 5.0
     flush_every_s: float = 30.0
-    max_buffered_passes: int = 17_280
-    """A day of 5 s passes: the oldest are dropped (and counted) beyond it."""
+    buffer_max_mib: float = 200.0
+    """MiB of passes kept while the store is down (about 4 days of 8 GPUs at 5 s); beyond
+    it, or on a full disk, the oldest are dropped and counted. The file takes up to 1.2
+    times this on disk."""
     pod_resources_socket: Path | None = None
     """The kubelet's pod-resources socket; None: record no GPU -> pod mapping."""
     metrics_host: str = "0.0.0.0"
@@ -59,7 +61,8 @@ def sample(url: str, options: SampleOptions, *, log: Callable[[str], None]) -> N
         else PodResourcesClient(options.pod_resources_socket)
     )
     buffer = DiskBuffer(
-        options.buffer_dir / "sampler-buffer.db", max_batches=options.max_buffered_passes
+        options.buffer_dir / "sampler-buffer.db",
+        max_bytes=max(1, int(options.buffer_max_mib * 2**20)),
     )
     metrics = SamplerMetrics(CollectorRegistry())
     sampler = Sampler(

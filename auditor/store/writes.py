@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sqlalchemy import Connection, Table, delete, func, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
+from auditor.errors import GpuConflictError
 from auditor.model import GpuRecord, GpuSample, PodRecord
 from auditor.store.bounds import check_row
 from auditor.store.bulk import SAMPLE_COLUMNS, object_spans, write_rows
@@ -40,18 +41,88 @@ def _upsert(conn: Connection, table: Table) -> Any:
     return sqlite.insert(table)
 
 
-def upsert_gpus(conn: Connection, records: Iterable[GpuRecord]) -> dict[str, int]:
-    """Insert unknown GPUs, fill in attributes a later source knows; return uuid -> id."""
-    latest: dict[str, GpuRecord] = {}
+@dataclass(frozen=True, slots=True)
+class GpuConflict:
+    """A GPU record that contradicts the stored card (or an earlier record of the same
+    write): another node, or another known model, for the same UUID."""
+
+    uuid: str
+    field: str
+    """Which differs: "node" or "model"."""
+    stored: str
+    new: str
+
+    def error(self, *, file: str | None = None, line: int | None = None) -> GpuConflictError:
+        return GpuConflictError(
+            uuid=self.uuid, field=self.field, stored=self.stored, new=self.new, file=file, line=line
+        )
+
+
+def gpu_conflicts(conn: Connection, records: Iterable[GpuRecord]) -> list[GpuConflict]:
+    """The records that would move a stored GPU to another node or change its known model.
+
+    A GPU UUID is one physical card: the node a sample was taken on is history, so a record
+    naming another node is a conflict (a wrong `--node`, or a card moved: either way its
+    past samples must not move). A model is a conflict only where both are known; unknown
+    (None) fields may be filled in. Records of one UUID that disagree with each other
+    conflict too, the first being taken as `stored`. One conflict per UUID, in record order.
+    """
+    known: dict[str, GpuRecord] = {}  # per UUID: the first node, the first known model
+    found: dict[str, GpuConflict] = {}
     for rec in records:
-        latest[rec.uuid] = rec
-    if not latest:
+        seen = known.setdefault(rec.uuid, rec)
+        if rec.uuid in found:
+            continue
+        conflict = _conflict(rec, node=seen.node, model=seen.model)
+        if conflict is not None:
+            found[rec.uuid] = conflict
+        elif seen.model is None and rec.model is not None:
+            known[rec.uuid] = replace(seen, model=rec.model)
+    if not known:
+        return []
+    rows = conn.execute(
+        select(gpus.c.uuid, gpus.c.node, gpus.c.model).where(gpus.c.uuid.in_(list(known)))
+    )
+    for uuid, node, model in rows:
+        conflict = _conflict(known[uuid], node=node, model=model)
+        if conflict is not None:
+            found[uuid] = conflict  # the store's view wins over the records' own
+    return [found[u] for u in known if u in found]
+
+
+def _conflict(rec: GpuRecord, *, node: str, model: str | None) -> GpuConflict | None:
+    if rec.node != node:
+        return GpuConflict(rec.uuid, "node", node, rec.node)
+    if rec.model is not None and model is not None and rec.model != model:
+        return GpuConflict(rec.uuid, "model", model, rec.model)
+    return None
+
+
+def upsert_gpus(
+    conn: Connection,
+    records: Iterable[GpuRecord],
+    *,
+    file: str | None = None,
+    lines: Mapping[str, int] | None = None,
+) -> dict[str, int]:
+    """Insert unknown GPUs, fill in attributes a later source knows; return uuid -> id.
+
+    Refuses a record that moves a stored GPU or changes its model (`gpu_conflicts`): raises
+    `GpuConflictError` for the first, naming `file` and the line `lines` gives its UUID, so
+    that the caller's transaction rolls back. A GPU's node is never rewritten."""
+    given = list(records)
+    if not given:
         return {}
+    for conflict in gpu_conflicts(conn, given):
+        raise conflict.error(file=file, line=(lines or {}).get(conflict.uuid))
+    merged: dict[str, GpuRecord] = {}
+    for rec in given:
+        old = merged.get(rec.uuid)
+        merged[rec.uuid] = rec if old is None else _fill(old, rec)
     stmt = _upsert(conn, gpus)
     stmt = stmt.on_conflict_do_update(
         index_elements=[gpus.c.uuid],
         set_={
-            "node": stmt.excluded.node,
             "gpu_index": func.coalesce(stmt.excluded.gpu_index, gpus.c.gpu_index),
             "model": func.coalesce(stmt.excluded.model, gpus.c.model),
             "memory_total_mib": func.coalesce(
@@ -71,11 +142,24 @@ def upsert_gpus(conn: Connection, records: Iterable[GpuRecord]) -> dict[str, int
                 "memory_total_mib": r.memory_total_mib,
                 "parent_uuid": r.parent_uuid,
             }
-            for r in latest.values()
+            for r in merged.values()
         ],
     )
-    rows = conn.execute(select(gpus.c.uuid, gpus.c.id).where(gpus.c.uuid.in_(list(latest))))
+    rows = conn.execute(select(gpus.c.uuid, gpus.c.id).where(gpus.c.uuid.in_(list(merged))))
     return {uuid: gpu_id for uuid, gpu_id in rows}
+
+
+def _fill(old: GpuRecord, new: GpuRecord) -> GpuRecord:
+    """Two records of one GPU in one write: the later wins where it knows a value."""
+    return replace(
+        new,
+        index=old.index if new.index is None else new.index,
+        model=old.model if new.model is None else new.model,
+        memory_total_mib=old.memory_total_mib
+        if new.memory_total_mib is None
+        else new.memory_total_mib,
+        parent_uuid=old.parent_uuid if new.parent_uuid is None else new.parent_uuid,
+    )
 
 
 def insert_samples(
