@@ -284,6 +284,7 @@ def import_prometheus(
     typer.echo(
         f"imported {stats.samples} samples of {stats.gpus} GPUs and {stats.holdings} GPU -> pod "
         f"assignments from {url} in {stats.seconds:.1f}s"
+        + (f" ({stats.already} samples already stored)" if stats.already else "")
     )
     if stats.unresolved:
         typer.echo(

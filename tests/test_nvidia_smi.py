@@ -571,6 +571,8 @@ def logs(draw: st.DrawFn) -> Log:
     if header:
         lines.append(", ".join(f"{f} [{UNITS[f]}]" if f in UNITS else f for f in fields))
     expected = []
+    models: dict[int, str | None] = {}
+    """One card, one model: a log naming card 0 a T4 and then an H200 is refused."""
     for _ in range(draw(st.integers(1, 6))):
         ts_ms = draw(st.integers(_ms(2000, 1, 1, 0, 0, 0), _ms(2099, 12, 31, 0, 0, 0)))
         local = (
@@ -587,7 +589,10 @@ def logs(draw: st.DrawFn) -> Log:
         clock = _maybe(draw, st.integers(0, 3000).map(float))
         temperature = _maybe(draw, st.integers(0, 110).map(float))
         throttle = draw(st.none() | st.integers(0, 2**16).map("0x{:016X}".format))
-        model = draw(st.none() | st.sampled_from(["NVIDIA H200", "Tesla T4", "NVIDIA L40S"]))
+        model = models.get(index) or draw(
+            st.none() | st.sampled_from(["NVIDIA H200", "Tesla T4", "NVIDIA L40S"])
+        )
+        models[index] = model
         rendered: dict[str, str | float | None] = {
             "timestamp": local.strftime("%Y/%m/%d %H:%M:%S.") + f"{ts_ms % 1000:03d}",
             "index": str(index),

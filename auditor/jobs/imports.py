@@ -92,6 +92,8 @@ class PrometheusImportStats:
     unresolved: int
     """Spans naming a pod the store does not know (import pods, then re-run: harmless)."""
     seconds: float
+    already: int = 0
+    """Samples read that were stored already (a re-run over the same window)."""
 
 
 def import_prometheus(
@@ -123,7 +125,7 @@ def import_prometheus(
     engine = open_store(url)
     known: dict[str, GpuRecord] = {}
     ids: dict[str, int] = {}
-    samples = unresolved = 0
+    samples = offered = unresolved = 0
     pairs: set[tuple[str, int]] = set()
     with engine.begin() as conn:
         for done, (first_ms, last_ms) in enumerate(parts, 1):
@@ -134,17 +136,23 @@ def import_prometheus(
                 known.update((g.uuid, g) for g in new)
             for batch in batched(iter(chunk.samples), BATCH_ROWS):
                 samples += insert_samples(conn, batch, ids)
+                offered += len(batch)
             seen, left = resolve_holdings(conn, chunk.holdings, ids, slack_ms=step_ms)
             upsert_assignments(conn, seen, source="dcgm-exporter")
             pairs.update((uid, gpu_id) for uid, gpu_id, _ in seen)
             unresolved += len(left)
             if progress is not None:
                 progress(done, len(parts))
-        if samples == 0:
+        if offered == 0:
             raise InputError(
                 f"no dcgm-exporter samples in Prometheus at {prometheus_url} for this window",
                 field="--start",
             )
     return PrometheusImportStats(
-        samples, len(ids), len(pairs), unresolved, time.perf_counter() - started
+        samples,
+        len(ids),
+        len(pairs),
+        unresolved,
+        time.perf_counter() - started,
+        already=offered - samples,
     )
