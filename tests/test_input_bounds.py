@@ -186,3 +186,29 @@ def test_a_reimport_says_how_much_was_stored_already(db: str, tmp_path: Path) ->
     assert code == 0
     assert out.startswith("imported 0 samples of 1 GPUs")
     assert "(2 already stored)" in out
+
+
+def test_the_sampler_sink_leaves_out_a_card_the_store_cannot_hold(engine: Any) -> None:
+    """An NVML UUID longer than the column would fail every flush: that card is left out
+    and logged, the others are written."""
+    from sqlalchemy import func, select
+
+    from auditor.collect.buffer import Batch
+    from auditor.collect.sink import StoreSink
+    from auditor.model import GpuRecord, GpuSample
+    from auditor.store.schema import gpu_samples, gpus
+
+    odd = "GPU-" + "f" * 300
+    batch = Batch(
+        gpus=(GpuRecord("GPU-good", "n1", 0), GpuRecord(odd, "n1", 1)),
+        samples=(
+            GpuSample("GPU-good", 1_796_000_000_000, 50.0),
+            GpuSample(odd, 1_796_000_000_000, 5.0),
+        ),
+        holdings=(),
+    )
+    written = StoreSink(lambda: engine).write([batch], pending=[])
+    assert written.skipped_samples == 1
+    with engine.connect() as conn:
+        assert [r.uuid for r in conn.execute(select(gpus.c.uuid))] == ["GPU-good"]
+        assert conn.execute(select(func.count()).select_from(gpu_samples)).scalar() == 1

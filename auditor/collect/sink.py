@@ -13,13 +13,17 @@ the other cards of the batch are written as usual.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from sqlalchemy import Connection, Engine, select
 
 from auditor.collect.buffer import Batch, Holding, merge_holdings
+from auditor.errors import shown
+from auditor.model import GpuRecord
+from auditor.store.bounds import RowError, check_row
 from auditor.store.schema import gpus, pods
 from auditor.store.writes import (
     GpuConflict,
@@ -30,6 +34,7 @@ from auditor.store.writes import (
 )
 
 SOURCE = "pod-resources"
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -66,7 +71,7 @@ class StoreSink:
     def write(self, batches: Sequence[Batch], *, pending: Sequence[Holding]) -> Written:
         with self.engine.begin() as conn:
             conflicts = gpu_conflicts(conn, [g for b in batches for g in b.gpus])
-            refused = {c.uuid for c in conflicts}
+            refused = {c.uuid for c in conflicts} | _unstorable(g for b in batches for g in b.gpus)
             latest = {g.uuid: g for b in batches for g in b.gpus if g.uuid not in refused}
             ids = upsert_gpus(conn, latest.values())
             samples = [s for b in batches for s in b.samples if s.gpu_uuid not in refused]
@@ -84,6 +89,21 @@ class StoreSink:
             seen, unresolved = resolve_holdings(conn, holdings, ids, slack_ms=self.slack_ms)
             upsert_assignments(conn, seen, source=SOURCE)
         return Written(unresolved, tuple(conflicts), skipped)
+
+
+def _unstorable(records: Iterable[GpuRecord]) -> set[str]:
+    """GPUs whose record the store cannot hold (a UUID or model name longer than its column):
+    logged and left out, so one odd card does not fail every flush."""
+    bad: set[str] = set()
+    for rec in records:
+        row = {"uuid": rec.uuid, "node": rec.node, "gpu_index": rec.index, "model": rec.model}
+        try:
+            check_row(gpus, row, what=f"GPU {shown(rec.uuid)}")
+        except RowError as e:
+            if rec.uuid not in bad:
+                log.warning("skipping %s", e)
+            bad.add(rec.uuid)
+    return bad
 
 
 Tenure = tuple[str, int, int | None]

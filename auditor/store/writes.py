@@ -14,9 +14,9 @@ from typing import Any
 from sqlalchemy import Connection, Table, delete, func, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
-from auditor.errors import GpuConflictError
+from auditor.errors import GpuConflictError, shown
 from auditor.model import GpuRecord, GpuSample, PodRecord
-from auditor.store.bounds import check_row
+from auditor.store.bounds import RowError, check_row
 from auditor.store.bulk import SAMPLE_COLUMNS, object_spans, write_rows
 from auditor.store.schema import (
     audit_findings,
@@ -131,20 +131,24 @@ def upsert_gpus(
             "parent_uuid": func.coalesce(stmt.excluded.parent_uuid, gpus.c.parent_uuid),
         },
     )
-    conn.execute(
-        stmt,
-        [
-            {
-                "uuid": r.uuid,
-                "node": r.node,
-                "gpu_index": r.index,
-                "model": r.model,
-                "memory_total_mib": r.memory_total_mib,
-                "parent_uuid": r.parent_uuid,
-            }
-            for r in merged.values()
-        ],
-    )
+    values = [
+        {
+            "uuid": r.uuid,
+            "node": r.node,
+            "gpu_index": r.index,
+            "model": r.model,
+            "memory_total_mib": r.memory_total_mib,
+            "parent_uuid": r.parent_uuid,
+        }
+        for r in merged.values()
+    ]
+    for rec, row in zip(merged.values(), values, strict=True):
+        try:
+            check_row(gpus, row, what=f"GPU {shown(rec.uuid)}")
+        except RowError as e:
+            e.file, e.line = file, (lines or {}).get(rec.uuid)
+            raise
+    conn.execute(stmt, values)
     rows = conn.execute(select(gpus.c.uuid, gpus.c.id).where(gpus.c.uuid.in_(list(merged))))
     return {uuid: gpu_id for uuid, gpu_id in rows}
 
