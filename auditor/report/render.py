@@ -103,7 +103,23 @@ def _pct(value: Any) -> str:
 
 def _num(value: Any, digits: int = 1) -> str:
     v = _clean(value)
-    return "-" if v is None else f"{v:,.{digits}f}"
+    if v is None:
+        return "-"
+    if v != 0 and abs(v) < 0.5 * 10**-digits:
+        return f"<{10**-digits:.{digits}f}"  # not zero, only too small for the unit
+    return f"{v:,.{digits}f}"
+
+
+MINUTES_BELOW_GPU_HOURS = 10.0
+"""A report of less capacity than this is shown in GPU-minutes: a 10-minute window of a few
+cards is a fraction of a GPU-hour, and every cell would read 0.0."""
+
+
+def table_unit(capacity_gpu_hours: float) -> tuple[str, float]:
+    """The unit a table shows (`GPU-hours` or `GPU-minutes`) and the factor from hours."""
+    if capacity_gpu_hours < MINUTES_BELOW_GPU_HOURS:
+        return "GPU-minutes", 60.0
+    return "GPU-hours", 1.0
 
 
 def render_table(report: Report, *, width: int = 150) -> str:
@@ -121,9 +137,11 @@ def render_table(report: Report, *, width: int = 150) -> str:
     console = Console(file=buf, width=width, force_terminal=False, color_system=None)
     t = report.totals
     alloc = t["allocated_gpu_hours"]
+    unit, scale = table_unit(t["capacity_gpu_hours"])
     console.print(
         f"GPU waste audit {_iso(report.window[0])} → {_iso(report.window[1])}: "
-        f"{t['capacity_gpu_hours']:,.1f} GPU-hours of capacity, {alloc:,.1f} held by pods."
+        f"{_num(t['capacity_gpu_hours'] * scale)} {unit} of capacity, "
+        f"{_num(alloc * scale)} held by pods."
     )
     if alloc > 0:
         console.print(
@@ -131,7 +149,7 @@ def render_table(report: Report, *, width: int = 150) -> str:
             f"scheduling waste {t['scheduling_waste_gpu_hours'] / alloc:.0%}, "
             f"compute idle {t['compute_idle_gpu_hours'] / alloc:.0%}, "
             f"unobserved {t['unobserved_gpu_hours'] / alloc:.0%}. "
-            f"Unallocated: {t['unallocated_gpu_hours']:,.1f} GPU-hours. "
+            f"Unallocated: {_num(t['unallocated_gpu_hours'] * scale)} {unit}. "
             f"{t['inferred_share']:.0%} of held GPU-hours rest on inferred GPU→pod mapping."
         )
     note = rolled_up_note(report)
@@ -142,7 +160,7 @@ def render_table(report: Report, *, width: int = 150) -> str:
         for c in report.rows.columns
         if not c.endswith(("_gpu_hours", "_share")) and not c.startswith(("util_", "straggler_"))
     ]
-    table = Table(title=f"GPU-hours by {report.by}", title_justify="left")
+    table = Table(title=f"{unit} by {report.by}", title_justify="left")
     for k in keys:
         table.add_column(k)
     short = {
@@ -164,9 +182,10 @@ def render_table(report: Report, *, width: int = 150) -> str:
         )
         table.add_row(
             *(cell(rec[k]) for k in keys),
-            _num(rec["allocated_gpu_hours"]),
-            *(_num(rec[f"{c.value}_gpu_hours"]) for c in CATEGORIES),
-            f"{_num(rec['scheduling_waste_gpu_hours'])} ({_pct(rec['scheduling_waste_share'])})",
+            _num(rec["allocated_gpu_hours"] * scale),
+            *(_num(rec[f"{c.value}_gpu_hours"] * scale) for c in CATEGORIES),
+            f"{_num(rec['scheduling_waste_gpu_hours'] * scale)} "
+            f"({_pct(rec['scheduling_waste_share'])})",
             util,
         )
     console.print(table)
@@ -175,7 +194,7 @@ def render_table(report: Report, *, width: int = 150) -> str:
         for col, justify in (
             ("category", "left"),
             ("offender", "left"),
-            ("GPU-h", "right"),
+            ("GPU-h" if scale == 1 else "GPU-min", "right"),
             ("share", "right"),
             ("next step", "left"),
         ):
@@ -184,7 +203,7 @@ def render_table(report: Report, *, width: int = 150) -> str:
             off.add_row(
                 cell(rec["category"]),
                 cell(rec["offender"]),
-                _num(rec["gpu_hours"]),
+                _num(rec["gpu_hours"] * scale),
                 _pct(rec["share_of_category"]),
                 cell(rec["next_step"]),
             )
