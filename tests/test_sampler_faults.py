@@ -222,3 +222,33 @@ def test_sample_command_without_the_driver_library_exits_with_a_clear_error(
     assert done.stderr.strip() == (
         "auditor: error: cannot initialise NVML: NVML Shared Library Not Found"
     )
+
+
+def test_a_pass_the_store_refuses_for_its_data_is_dropped_not_retried_forever(
+    script: Path, tmp_path: Path
+) -> None:
+    """A limit no check foresaw (here a trigger refusing one instant): the passes are written
+    one by one, the refused one dropped and counted, the others stored; the buffer empties."""
+    from sqlalchemy import text
+
+    from auditor.jobs import open_store
+
+    url = f"sqlite:///{tmp_path / 'auditor.db'}"
+    t0 = int(T0 * 1000)
+    with open_store(url).begin() as conn:
+        conn.execute(
+            text(
+                f"CREATE TRIGGER refuse BEFORE INSERT ON gpu_samples WHEN NEW.ts_ms = {t0} "
+                "BEGIN SELECT RAISE(ABORT, 'refused by policy'); END"
+            )
+        )
+    rig = Rig(url, tmp=tmp_path, socket=None)
+    rig.passes(3)
+    assert rig.sampler.flush()
+    assert rig.metric("refused_passes_total") == 1
+    assert rig.metric("store_errors_total") == 0
+    assert len(rig.buffer) == 0
+    assert [ts for uuid, ts, _ in stored(url) if uuid == "GPU-aaaa"] == [t0 - 5000, t0 + 5000]
+    rig.passes(1)  # and the loop goes on
+    assert rig.sampler.flush()
+    assert [ts for uuid, ts, _ in stored(url) if uuid == "GPU-aaaa"][-1] == t0 + 10_000

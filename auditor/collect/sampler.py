@@ -25,6 +25,8 @@ from auditor.collect.sampler_metrics import SamplerMetrics
 from auditor.collect.sink import Sink, Written
 from auditor.errors import AuditorError
 from auditor.model import GpuRecord, GpuSample
+from auditor.store.bounds import is_data_error
+from auditor.store.writes import GpuConflict
 
 log = logging.getLogger(__name__)
 
@@ -152,10 +154,12 @@ class Sampler:
                 return True
             try:
                 written = self.sink.write([b for _, b in items], pending=pending)
-            except Exception as e:  # any store failure: keep the passes for later
-                self.metrics.store_errors.inc()
-                log.warning("store write failed, %d passes kept: %s", len(self.buffer), e)
-                return False
+            except Exception as e:
+                if not is_data_error(e):  # the store is down or busy: keep the passes
+                    self.metrics.store_errors.inc()
+                    log.warning("store write failed, %d passes kept: %s", len(self.buffer), e)
+                    return False
+                written = self._write_alone(items, pending, e)
             self._refused(written)
             left = written.unresolved
             now_ms = int(self.clock() * 1000)
@@ -170,6 +174,38 @@ class Sampler:
             )
             if len(items) < self.settings.flush_batches:
                 return True
+
+    def _write_alone(
+        self, items: Sequence[tuple[int, Batch]], pending: Sequence[Holding], error: Exception
+    ) -> Written:
+        """The store refused these passes for their data: write each alone, and drop (and
+        count) those it refuses again, rather than retrying them forever. Holdings still
+        waiting for their pod go with the first pass; if they are what is refused, they are
+        dropped. A store that goes down meanwhile raises, and the passes stay buffered."""
+        log.warning("the store refused a write for its data, writing passes one by one: %s", error)
+        unresolved: list[Holding] = []
+        conflicts: list[GpuConflict] = []
+        skipped = 0
+        for seq, batch in items:
+            for attempt in (pending, ()) if pending else ((),):
+                try:
+                    written = self.sink.write([batch], pending=attempt)
+                except Exception as e:
+                    if not is_data_error(e):
+                        raise
+                    if attempt:  # perhaps it was the holdings: try the pass alone
+                        self.metrics.dropped_holdings.inc(len(pending))
+                        pending = ()
+                        continue
+                    self.metrics.refused_passes.inc()
+                    log.warning("dropping a pass the store refuses (pass %d): %s", seq, e)
+                    break
+                unresolved += written.unresolved
+                conflicts += written.conflicts
+                skipped += written.skipped_samples
+                pending = ()
+                break
+        return Written(unresolved, tuple(conflicts), skipped)
 
     def _refused(self, written: Written) -> None:
         """Count the samples of GPUs the store has elsewhere; warn once per card."""

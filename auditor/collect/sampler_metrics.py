@@ -49,6 +49,12 @@ class SamplerMetrics:
             "Passes dropped, oldest first, because the on-disk buffer was full.",
             registry=registry,
         )
+        self.refused_passes = Counter(
+            f"{PREFIX}_refused_passes",
+            "Passes the store refused for their data (not for being down): written alone, "
+            "then dropped, so that one bad pass never holds up the ones after it.",
+            registry=registry,
+        )
         self.dropped_holdings = Counter(
             f"{PREFIX}_dropped_holdings",
             "Pod holdings dropped because the store never learned their pod.",

@@ -31,7 +31,7 @@ from auditor.collect.workloads import gpu_request, pod_record
 from auditor.errors import InputError, StoreError, shown
 from auditor.model import PodRecord
 from auditor.settings import TeamRules
-from auditor.store.bounds import RowError, check_row
+from auditor.store.bounds import RowError, check_row, is_data_error
 from auditor.store.schema import nodes, pods
 from auditor.store.writes import pod_row
 
@@ -68,14 +68,6 @@ Skip = Callable[[str], None]
 """Told the reason each time an object is skipped (`unreadable`, `unstorable`, `refused`)."""
 
 
-def _data_errors() -> tuple[type[BaseException], ...]:
-    """What a database raises for one row's data, as opposed to for itself: the errors
-    after which writing the other rows alone succeeds."""
-    from sqlalchemy.exc import DataError, IntegrityError
-
-    return (DataError, IntegrityError, InputError, OverflowError, UnicodeError, ValueError)
-
-
 class _StoreSink:
     def __init__(self, engine: Engine, *, scope: str, on_skip: Skip | None = None) -> None:
         self.engine = engine
@@ -97,7 +89,7 @@ class _StoreSink:
                 with self._transaction() as conn:
                     write(conn, [item])
             except StoreError as e:
-                if not isinstance(e.__cause__, _data_errors()):
+                if not is_data_error(e):
                     raise
                 self._skip(what(item), e, reason="refused")
             else:
@@ -179,7 +171,7 @@ class PodSink(_StoreSink):
                 )
                 self._save_cursor(conn, resource_version, at_ms)
         except StoreError as e:
-            if not isinstance(e.__cause__, _data_errors()):
+            if not is_data_error(e):
                 raise
             records = self._write_each(records, upsert_pods, _describe_record)
             with self._transaction() as conn:
@@ -214,7 +206,7 @@ class PodSink(_StoreSink):
                 upsert_pods(conn, records)
                 self._save_cursor(conn, resource_version, at_ms)
         except StoreError as e:
-            if not isinstance(e.__cause__, _data_errors()):
+            if not is_data_error(e):
                 raise
             records = self._write_each(records, upsert_pods, _describe_record)
             with self._transaction() as conn:
@@ -279,7 +271,7 @@ class NodeSink(_StoreSink):
                 upsert_nodes(conn, rows)
                 self._save_cursor(conn, resource_version, at_ms)
         except StoreError as e:
-            if not isinstance(e.__cause__, _data_errors()):
+            if not is_data_error(e):
                 raise
             rows = self._write_each(rows, upsert_nodes, lambda r: f"node {r.get('name')}")
             with self._transaction() as conn:

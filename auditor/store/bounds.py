@@ -41,6 +41,34 @@ def check_row(table: Table, row: Mapping[str, Any], *, what: str) -> None:
             raise RowError(f"{what}: {problem}", field=f"{table.name}.{name}")
 
 
+def is_data_error(error: BaseException) -> bool:
+    """Did the database refuse a write for its data (a value, a constraint), rather than
+    fail itself (down, locked, full)? Writing the other rows alone would then succeed.
+    `StoreError`s raised from such an error count too (their cause is looked at)."""
+    import sqlite3
+
+    import psycopg
+    from sqlalchemy.exc import DataError, IntegrityError
+
+    from auditor.errors import StoreError
+
+    if isinstance(error, StoreError) and error.__cause__ is not None:
+        error = error.__cause__
+    return isinstance(
+        error,
+        DataError
+        | IntegrityError
+        | sqlite3.DataError
+        | sqlite3.IntegrityError
+        | psycopg.DataError
+        | psycopg.IntegrityError  # the bulk path writes through the driver itself
+        | InputError
+        | OverflowError
+        | UnicodeError
+        | ValueError,
+    )
+
+
 def _problem(ctype: Any, value: Any, *, nullable: bool) -> str | None:
     if value is None:
         return None if nullable else "missing"
