@@ -9,24 +9,47 @@ GPU `UUID/gi<ID>` with the card as its parent), `Hostname` (else `instance`) as 
 `gpu` as the index, `modelName`; and `namespace`, `pod` of the pod holding the card, an
 exact GPU -> pod mapping. Prometheus drops empty labels, so a series without `pod` is a
 card no pod held.
+
+Nothing from the server is trusted: each query has a deadline (to the last byte) and a size
+cap, every part of an answer's shape is checked, and every value must be one a GPU can
+report (`BOUNDS`); anything else is a one-line InputError, and the import stores nothing.
+Credentials (basic auth, also from the URL's userinfo, or a bearer token) go in a header
+that is never logged; the URL requested and printed has no userinfo.
 """
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import http.client
 import json
 import math
-import urllib.error
+import os
+import socket
+import ssl
+import threading
+import time
 import urllib.parse
-import urllib.request
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from auditor.collect.buffer import Holding
 from auditor.errors import InputError
 from auditor.model import GpuRecord, GpuSample
+from auditor.redact import redact, remember
 
 MAX_POINTS = 10_000
+DEADLINE_S = 60.0
+"""Longest one query may take, connecting to the last byte (a socket timeout alone restarts
+with every byte a slow server sends)."""
+MAX_RESPONSE_BYTES = 64 << 20
+"""Largest answer read; a larger one asks for a narrower window or a larger --step."""
+_READ_BYTES = 1 << 16
+TOKEN_ENV = "AUDITOR_PROMETHEUS_TOKEN"
+PASSWORD_ENV = "AUDITOR_PROMETHEUS_PASSWORD"
 
 METRICS: Mapping[str, str] = {
     "DCGM_FI_DEV_GPU_UTIL": "util",
@@ -42,48 +65,296 @@ METRICS: Mapping[str, str] = {
 }
 """dcgm-exporter metric -> GpuSample field (FB_FREE only completes the memory total)."""
 
+BOUNDS: Mapping[str, tuple[float, float]] = {
+    "util": (0.0, 100.0),
+    "memory_used_mib": (0.0, 1e7),
+    "memory_free_mib": (0.0, 1e7),
+    "power_w": (0.0, 1e5),
+    "sm_clock_mhz": (0.0, 1e5),
+    "temperature_c": (0.0, 200.0),
+    "sm_active": (0.0, 1.0),
+    "tensor_active": (0.0, 1.0),
+    "dram_active": (0.0, 1.0),
+}
+"""The values a GPU can report, inclusive; anything else refuses the import, as a CSV cell
+out of range does (throttle reasons: an integer bitmask below 2**64)."""
+
+
+def _short(value: object, limit: int = 60) -> str:
+    text = redact(repr(value))
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+@dataclass(frozen=True)
+class Auth:
+    """How to authenticate to Prometheus: HTTP basic, or a bearer token. `repr` shows no
+    secret; the header it makes is sent, never logged."""
+
+    user: str | None = field(default=None)
+    password: str | None = field(default=None, repr=False)
+    token: str | None = field(default=None, repr=False)
+
+    def header(self) -> str | None:
+        if self.token:
+            return f"Bearer {self.token}"
+        if self.user is not None:
+            pair = f"{self.user}:{self.password or ''}".encode()
+            return f"Basic {base64.b64encode(pair).decode()}"
+        return None
+
+
+def split_userinfo(url: str) -> tuple[str, str | None, str | None]:
+    """(`url` without userinfo, user, password), percent-decoded. The last `@` ends the
+    userinfo, so an unescaped `@` or `:` in a password stays in it."""
+    scheme, sep, rest = url.partition("://")
+    at = rest.rfind("@")
+    if not sep or at < 0:
+        return url, None, None
+    info, host = rest[:at], rest[at + 1 :]
+    user, colon, password = info.partition(":")
+    return (
+        f"{scheme}://{host}",
+        urllib.parse.unquote(user),
+        urllib.parse.unquote(password) if colon else None,
+    )
+
+
+def _read_secret(path: Path, *, option: str) -> str:
+    try:
+        text = path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as e:
+        why = getattr(e, "strerror", None) or "not UTF-8 text"
+        raise InputError(f"cannot read: {why}", file=str(path), field=option) from e
+    if not text:
+        raise InputError("the file is empty", file=str(path), field=option)
+    return text
+
+
+def credentials(
+    url: str,
+    *,
+    user: str | None = None,
+    password_file: Path | None = None,
+    token_file: Path | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> tuple[str, Auth | None]:
+    """The URL to request (no userinfo) and the credentials to send: a bearer token from
+    `token_file` or AUDITOR_PROMETHEUS_TOKEN, else basic auth as `user` (else the URL's user)
+    with the password from `password_file`, AUDITOR_PROMETHEUS_PASSWORD or the URL."""
+    env = os.environ if environ is None else environ
+    clean, url_user, url_password = split_userinfo(url)
+    remember(url_password)
+    token = _read_secret(token_file, option="--bearer-token-file") if token_file else None
+    token = token or env.get(TOKEN_ENV) or None
+    password = (
+        _read_secret(password_file, option="--basic-auth-password-file")
+        if password_file
+        else env.get(PASSWORD_ENV) or None
+    )
+    remember(token)
+    remember(password)
+    name = user or url_user or None
+    if token and (user or password_file):
+        raise InputError("give a bearer token or basic auth, not both", field="--basic-auth-user")
+    if token:
+        return clean, Auth(token=token)
+    if (password or url_password) and not name:
+        raise InputError("a basic auth password needs a user name", field="--basic-auth-user")
+    if name:
+        return clean, Auth(user=name, password=password or url_password)
+    return clean, None
+
 
 class PrometheusClient:
-    """`query_range` over HTTP (stdlib urllib); failures become one-line InputErrors."""
+    """`query_range` over HTTP(S) with a deadline per query and a cap on the answer's size;
+    every failure, and every answer of an unexpected shape, is a one-line InputError."""
 
-    def __init__(self, url: str, *, timeout_s: float = 60.0) -> None:
-        self.url = url.rstrip("/")
+    def __init__(
+        self,
+        url: str,
+        *,
+        auth: Auth | None = None,
+        timeout_s: float = DEADLINE_S,
+        max_bytes: int = MAX_RESPONSE_BYTES,
+    ) -> None:
+        clean, user, password = split_userinfo(url.strip())
+        remember(password)
+        if auth is None and user:
+            auth = Auth(user=user, password=password)
+        self.url = clean.rstrip("/")
+        parts = urllib.parse.urlsplit(self.url)
+        if parts.scheme not in {"http", "https"} or not parts.hostname:
+            raise InputError(f"not an http(s) URL: {_short(self.url)}", field="--url")
+        try:
+            self._port = parts.port
+        except ValueError:
+            raise InputError(f"not a port in {_short(self.url)}", field="--url") from None
+        self._parts = parts
+        self._auth = auth
         self.timeout_s = timeout_s
+        self.max_bytes = max_bytes
 
     def query_range(
         self, query: str, *, start_s: float, end_s: float, step_s: float
-    ) -> list[dict[str, Any]]:
+    ) -> list[tuple[dict[str, str], list[tuple[float, str]]]]:
+        """The (labels, [(ts, value text)]) series of a matrix answer."""
         form = {"query": query, "start": f"{start_s:.3f}", "end": f"{end_s:.3f}"}
         form["step"] = f"{step_s:g}"
-        body = urllib.parse.urlencode(form).encode()
-        request = urllib.request.Request(f"{self.url}/api/v1/query_range", data=body)
+        status, body = self._post("/api/v1/query_range", urllib.parse.urlencode(form).encode())
+        return _matrix(self._answer(status, body, query), query)
+
+    def _post(self, path: str, body: bytes) -> tuple[int, bytearray]:
+        started = time.monotonic()
+        expired = threading.Event()
+        parts = self._parts
+        host = parts.hostname or ""
+        conn: http.client.HTTPConnection
+        if parts.scheme == "https":
+            conn = http.client.HTTPSConnection(
+                host, self._port, timeout=self.timeout_s, context=ssl.create_default_context()
+            )
+        else:
+            conn = http.client.HTTPConnection(host, self._port, timeout=self.timeout_s)
+
+        def expire() -> None:  # wakes a read blocked on a server that sends bytes slowly
+            expired.set()
+            sock = conn.sock
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+        timer = threading.Timer(self.timeout_s, expire)
+        timer.daemon = True
+        timer.start()
+        headers = {
+            "Content-Type": "application/x-www-form-urlencoded",
+            "Accept": "application/json",
+        }
+        header = self._auth.header() if self._auth is not None else None
+        if header is not None:
+            headers["Authorization"] = header
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                answer = json.load(response)
-        except urllib.error.HTTPError as e:
-            answer = _error_body(e)
-        except (urllib.error.URLError, OSError) as e:
-            reason = getattr(e, "reason", e)
+            conn.request("POST", f"{parts.path.rstrip('/')}{path}", body=body, headers=headers)
+            response = conn.getresponse()
+            declared = response.getheader("Content-Length")
+            if declared and declared.isdigit() and int(declared) > self.max_bytes:
+                raise self._too_large()
+            data = bytearray()
+            while not expired.is_set():
+                piece = response.read1(_READ_BYTES)
+                if not piece:
+                    break
+                data += piece
+                if len(data) > self.max_bytes:
+                    raise self._too_large()
+            if expired.is_set():
+                raise self._late(started)
+            return response.status, data
+        except InputError:
+            raise
+        except (OSError, http.client.HTTPException) as e:
+            if expired.is_set():
+                raise self._late(started) from e
+            reason = (
+                e.strerror if isinstance(e, OSError) and e.strerror else str(e) or type(e).__name__
+            )
             raise InputError(
-                f"cannot reach Prometheus at {self.url}: {reason}", field="--url"
+                f"cannot reach Prometheus at {self.url}: {reason or type(e).__name__}"[:240],
+                field="--url",
             ) from e
-        except ValueError as e:
-            raise InputError(f"{self.url} did not answer JSON: {e}", field="--url") from e
-        if not isinstance(answer, dict) or answer.get("status") != "success":
-            error = answer.get("error") if isinstance(answer, dict) else None
-            raise InputError(f"Prometheus refused {query}: {error or answer}", field="--url")
-        data = answer.get("data") or {}
-        if data.get("resultType") != "matrix":
-            raise InputError(f"Prometheus answered {query} with no matrix", field="--url")
-        result: list[dict[str, Any]] = data.get("result") or []
-        return result
+        finally:
+            timer.cancel()
+            conn.close()
+
+    def _late(self, started: float) -> InputError:
+        return InputError(
+            f"Prometheus at {self.url} did not answer within {self.timeout_s:g}s "
+            f"({time.monotonic() - started:.1f}s): narrow the window or use a larger --step",
+            field="--url",
+        )
+
+    def _too_large(self) -> InputError:
+        return InputError(
+            f"Prometheus at {self.url} answered more than {self.max_bytes >> 20} MiB: "
+            "narrow the window or use a larger --step",
+            field="--url",
+        )
+
+    def _answer(self, status: int, body: bytearray, query: str) -> dict[str, Any]:
+        if status in {401, 403}:
+            raise InputError(
+                f"Prometheus at {self.url} answered HTTP {status}: authentication failed "
+                "(see --basic-auth-user, --bearer-token-file)",
+                field="--url",
+            )
+        try:
+            answer = json.loads(body)
+        except (ValueError, UnicodeDecodeError):
+            if status >= 300:
+                raise InputError(
+                    f"Prometheus at {self.url} answered HTTP {status} to {_short(query)}",
+                    field="--url",
+                ) from None
+            raise InputError(
+                f"Prometheus at {self.url} did not answer JSON to {_short(query)}: "
+                f"{_short(bytes(body[:60]))}",
+                field="--url",
+            ) from None
+        del body
+        if not isinstance(answer, dict):
+            raise _shape(query, f"the answer is {type(answer).__name__}, not an object")
+        if answer.get("status") != "success":
+            error = answer.get("error")
+            kind = answer.get("errorType")
+            detail = f"{kind}: {error}" if kind and error else error or f"HTTP {status}"
+            raise InputError(
+                f"Prometheus refused {_short(query)}: {_short(str(detail), 160)}", field="--url"
+            )
+        if status >= 300:
+            raise InputError(f"Prometheus at {self.url} answered HTTP {status}", field="--url")
+        return answer
 
 
-def _error_body(e: urllib.error.HTTPError) -> Any:
-    try:
-        return json.load(e)
-    except ValueError:
-        return {"status": "error", "error": f"HTTP {e.code} {e.reason}"}
+def _shape(query: str, what: str) -> InputError:
+    return InputError(f"Prometheus answered {_short(query)} oddly: {what}", field="--url")
+
+
+def _matrix(
+    answer: Mapping[str, Any], query: str
+) -> list[tuple[dict[str, str], list[tuple[float, str]]]]:
+    """The series of a `query_range` answer, every part's shape checked."""
+    data = answer.get("data")
+    if not isinstance(data, dict):
+        raise _shape(query, "no 'data' object")
+    if data.get("resultType") != "matrix":
+        raise _shape(query, f"resultType {_short(data.get('resultType'))}, not 'matrix'")
+    result = data.get("result")
+    if not isinstance(result, list):
+        raise _shape(query, "'result' is not a list")
+    out: list[tuple[dict[str, str], list[tuple[float, str]]]] = []
+    for item in result:
+        if not isinstance(item, dict):
+            raise _shape(query, f"a series is {_short(item)}, not an object")
+        labels = item.get("metric", {})
+        if not isinstance(labels, dict) or not all(isinstance(v, str) for v in labels.values()):
+            raise _shape(query, f"labels {_short(labels)} are not an object of strings")
+        values = item.get("values", [])
+        if not isinstance(values, list):
+            raise _shape(query, f"values {_short(values)} are not a list")
+        points: list[tuple[float, str]] = []
+        for pair in values:
+            if (
+                not isinstance(pair, list)
+                or len(pair) != 2
+                or isinstance(pair[0], bool)
+                or not isinstance(pair[0], int | float)
+                or not math.isfinite(pair[0])
+                or not isinstance(pair[1], str)
+            ):
+                raise _shape(query, f'a point {_short(pair)} is not [timestamp, "value"]')
+            points.append((float(pair[0]), pair[1]))
+        out.append((labels, points))
+    return out
 
 
 def chunks(
@@ -116,8 +387,51 @@ def _gpu(labels: Mapping[str, str]) -> GpuRecord | None:
     if instance:
         return GpuRecord(f"{uuid}/gi{instance}", node, None, labels.get("modelName"), None, uuid)
     return GpuRecord(
-        uuid, node, int(index) if index and index.isdigit() else None, labels.get("modelName")
+        uuid,
+        node,
+        int(index) if index and index.isascii() and index.isdigit() else None,
+        labels.get("modelName"),
     )
+
+
+def _series_name(labels: Mapping[str, str]) -> str:
+    parts = (
+        labels.get("UUID"),
+        labels.get("gpu"),
+        labels.get("Hostname") or labels.get("instance"),
+    )
+    return _short("/".join(p if p is not None else "?" for p in parts), 80).strip("'\"")
+
+
+def _value(
+    text: str, *, metric: str, column: str, labels: Mapping[str, str], ts: float
+) -> float | None:
+    """The reading `text` as stored: None for NaN (not read); a value no GPU can report is
+    an InputError naming the metric, the series, the time and the value."""
+    try:
+        value = float(text)
+    except ValueError:
+        value, problem = math.inf, "not a number"
+    else:
+        if math.isnan(value):
+            return None
+        problem = _out_of_bounds(column, value)
+    if problem:
+        at = datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        raise InputError(
+            f"{metric} of {_series_name(labels)} at {at}: {_short(text)} is {problem}",
+            field="--url",
+        )
+    return value
+
+
+def _out_of_bounds(column: str, value: float) -> str:
+    if column == "throttle_reasons":
+        if math.isfinite(value) and value.is_integer() and 0 <= value < 2**64:
+            return ""
+        return "not a bitmask (an integer 0 <= n < 2**64)"
+    low, high = BOUNDS[column]
+    return "" if math.isfinite(value) and low <= value <= high else f"outside {low:g}..{high:g}"
 
 
 def read_chunk(
@@ -138,15 +452,21 @@ def read_chunk(
             step_s=step_ms / 1000,
         )
         values = columns[column]
-        for s in series:
-            labels: dict[str, str] = s.get("metric", {})
+        while series:
+            labels, points = series.pop()  # the answer shrinks as the columns grow
             gpu = _gpu(labels)
             if gpu is None:
                 continue
             out.gpus.setdefault(gpu.uuid, gpu)
             uuid = gpu.uuid
-            keyed = [((uuid, round(ts * 1000)), float(text)) for ts, text in s.get("values", [])]
-            values.update((k, None if math.isnan(v) else v) for k, v in keyed)  # NaN: unread
+            keyed = [
+                (
+                    (uuid, round(ts * 1000)),
+                    _value(text, metric=metric, column=column, labels=labels, ts=ts),
+                )
+                for ts, text in points
+            ]
+            values.update(keyed)
             pod, namespace = labels.get("pod"), labels.get("namespace")
             if pod and namespace:
                 held.update((k, (namespace, pod)) for k, _ in keyed)

@@ -23,6 +23,7 @@ from auditor.collect.selectors import matcher
 from auditor.collect.workloads import gpu_request, pod_record
 from auditor.errors import InputError, StoreError
 from auditor.model import PodRecord
+from auditor.redact import redact
 from auditor.settings import TeamRules
 
 if TYPE_CHECKING:
@@ -66,7 +67,7 @@ class _StoreSink:
                 yield conn
         except SQLAlchemyError as e:
             cause = getattr(e, "orig", None) or e
-            raise StoreError(f"cannot write to the database: {cause}") from e
+            raise StoreError(f"cannot write to the database: {redact(str(cause))}") from e
 
     def cursor(self) -> str | None:
         from auditor.store.writes import read_cursor

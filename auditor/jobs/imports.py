@@ -14,7 +14,7 @@ from auditor.jobs.common import BATCH_ROWS, ImportStats, Progress, batched, open
 from auditor.settings import Config
 
 if TYPE_CHECKING:
-    pass
+    from auditor.collect.prometheus import Auth
 
 
 def import_nvidia_smi(
@@ -92,10 +92,13 @@ def import_prometheus(
     step_s: float = 15.0,
     max_points: int = 10_000,
     progress: Callable[[int, int], None] | None = None,
+    auth: Auth | None = None,
+    timeout_s: float = 60.0,
 ) -> PrometheusImportStats:
     """Import dcgm-exporter samples and pod labels of a window in one transaction.
 
-    `progress(done, total)` is called after each chunk."""
+    `progress(done, total)` is called after each chunk; `auth`: credentials (else those in
+    the URL's userinfo); `timeout_s`: the deadline of each query."""
     from auditor.collect.prometheus import PrometheusClient, chunks, read_chunk
     from auditor.collect.sink import resolve_holdings
     from auditor.model import GpuRecord
@@ -108,7 +111,7 @@ def import_prometheus(
     if step_s <= 0:
         raise InputError("the step must be positive", field="--step")
     step_ms = round(step_s * 1000)
-    client = PrometheusClient(prometheus_url)
+    client = PrometheusClient(prometheus_url, auth=auth, timeout_s=timeout_s)
     parts = list(chunks(start_ms, end_ms, step_ms=step_ms, max_points=max_points))
     engine = open_store(url)
     known: dict[str, GpuRecord] = {}
@@ -132,7 +135,7 @@ def import_prometheus(
                 progress(done, len(parts))
         if samples == 0:
             raise InputError(
-                f"no dcgm-exporter samples in Prometheus at {prometheus_url} for this window",
+                f"no dcgm-exporter samples in Prometheus at {client.url} for this window",
                 field="--start",
             )
     return PrometheusImportStats(
