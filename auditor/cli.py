@@ -277,6 +277,9 @@ def import_prometheus(
             help="File holding the basic auth password (else env AUDITOR_PROMETHEUS_PASSWORD).",
         ),
     ] = None,
+    timeout: Annotated[
+        str, typer.Option("--timeout", help="Longest one query may take, to its last byte.")
+    ] = "60s",
 ) -> None:
     """Import dcgm-exporter GPU samples, and the pod holding each GPU, from Prometheus."""
     from auditor import jobs
@@ -287,6 +290,7 @@ def import_prometheus(
         if window is None:
             raise InputError("give --start and --end, or --since", field="--start")
         step_s = parse_duration(step, option="--step").total_seconds()
+        timeout_s = parse_duration(timeout, option="--timeout").total_seconds()
         url, auth = credentials(
             url,
             user=basic_auth_user,
@@ -294,7 +298,12 @@ def import_prometheus(
             token_file=bearer_token_file,
         )
         stats = jobs.import_prometheus(
-            state.db_url, prometheus_url=url, window=window, step_s=step_s, auth=auth
+            state.db_url,
+            prometheus_url=url,
+            window=window,
+            step_s=step_s,
+            auth=auth,
+            timeout_s=timeout_s,
         )
     typer.echo(
         f"imported {stats.samples} samples of {stats.gpus} GPUs and {stats.holdings} GPU -> pod "

@@ -81,7 +81,8 @@ out of range does (throttle reasons: an integer bitmask below 2**64)."""
 
 
 def _short(value: object, limit: int = 60) -> str:
-    text = redact(repr(value))
+    """`value` as a string (`repr` unless it is one), redacted, cut to `limit` characters."""
+    text = redact(value if isinstance(value, str) else repr(value))
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -196,12 +197,25 @@ class PrometheusClient:
 
     def query_range(
         self, query: str, *, start_s: float, end_s: float, step_s: float
-    ) -> list[tuple[dict[str, str], list[tuple[float, str]]]]:
-        """The (labels, [(ts, value text)]) series of a matrix answer."""
+    ) -> Iterator[Series]:
+        """The (labels, [(ts, value text)]) series of a matrix answer, one at a time: the
+        answer's JSON of each is freed as it is handed out."""
         form = {"query": query, "start": f"{start_s:.3f}", "end": f"{end_s:.3f}"}
         form["step"] = f"{step_s:g}"
         status, body = self._post("/api/v1/query_range", urllib.parse.urlencode(form).encode())
         return _matrix(self._answer(status, body, query), query)
+
+    def series_count(self, metric: str, *, start_s: float, end_s: float) -> int | None:
+        """How many series of `metric` the window holds (`/api/v1/series`: the index only, no
+        samples read); None where the server does not offer that endpoint."""
+        form = {"match[]": metric, "start": f"{start_s:.3f}", "end": f"{end_s:.3f}"}
+        status, body = self._post("/api/v1/series", urllib.parse.urlencode(form).encode())
+        if status in {404, 405}:
+            return None
+        data = self._answer(status, body, f"series of {metric}").get("data")
+        if not isinstance(data, list):
+            raise _shape(f"series of {metric}", "'data' is not a list")
+        return len(data)
 
     def _post(self, path: str, body: bytes) -> tuple[int, bytearray]:
         started = time.monotonic()
@@ -319,20 +333,27 @@ def _shape(query: str, what: str) -> InputError:
     return InputError(f"Prometheus answered {_short(query)} oddly: {what}", field="--url")
 
 
-def _matrix(
-    answer: Mapping[str, Any], query: str
-) -> list[tuple[dict[str, str], list[tuple[float, str]]]]:
-    """The series of a `query_range` answer, every part's shape checked."""
+Series = tuple[dict[str, str], list[tuple[float, str]]]
+
+
+def _matrix(answer: Mapping[str, Any], query: str) -> Iterator[Series]:
+    """The series of a `query_range` answer, every part's shape checked (the envelope at
+    once, each series as it is reached)."""
     data = answer.get("data")
     if not isinstance(data, dict):
         raise _shape(query, "no 'data' object")
     if data.get("resultType") != "matrix":
-        raise _shape(query, f"resultType {_short(data.get('resultType'))}, not 'matrix'")
+        kind = data.get("resultType")
+        raise _shape(query, f"resultType {_short(repr(kind))}, not 'matrix'")
     result = data.get("result")
     if not isinstance(result, list):
         raise _shape(query, "'result' is not a list")
-    out: list[tuple[dict[str, str], list[tuple[float, str]]]] = []
-    for item in result:
+    return _series(result, query)
+
+
+def _series(result: list[Any], query: str) -> Iterator[Series]:
+    for i, item in enumerate(result):
+        result[i] = None  # free the JSON of each series once read
         if not isinstance(item, dict):
             raise _shape(query, f"a series is {_short(item)}, not an object")
         labels = item.get("metric", {})
@@ -353,8 +374,24 @@ def _matrix(
             ):
                 raise _shape(query, f'a point {_short(pair)} is not [timestamp, "value"]')
             points.append((float(pair[0]), pair[1]))
-        out.append((labels, points))
-    return out
+        del item, values
+        yield labels, points
+
+
+POINT_BUDGET = 200_000
+"""Most points (series x grid points) one query asks for: what bounds the memory of a chunk
+where the cluster has many GPUs."""
+
+
+def points_per_query(
+    client: PrometheusClient, *, start_s: float, end_s: float, max_points: int
+) -> int:
+    """Grid points per chunk: `max_points`, fewer where many series would make a large
+    answer (POINT_BUDGET in all)."""
+    count = client.series_count("DCGM_FI_DEV_GPU_UTIL", start_s=start_s, end_s=end_s)
+    if not count:
+        return max_points
+    return max(1, min(max_points, POINT_BUDGET // count))
 
 
 def chunks(
@@ -400,7 +437,7 @@ def _series_name(labels: Mapping[str, str]) -> str:
         labels.get("gpu"),
         labels.get("Hostname") or labels.get("instance"),
     )
-    return _short("/".join(p if p is not None else "?" for p in parts), 80).strip("'\"")
+    return _short("/".join(p if p is not None else "?" for p in parts), 80)
 
 
 def _value(
@@ -419,7 +456,7 @@ def _value(
     if problem:
         at = datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         raise InputError(
-            f"{metric} of {_series_name(labels)} at {at}: {_short(text)} is {problem}",
+            f"{metric} of {_series_name(labels)} at {at}: {_short(repr(text))} is {problem}",
             field="--url",
         )
     return value
@@ -434,13 +471,19 @@ def _out_of_bounds(column: str, value: float) -> str:
     return "" if math.isfinite(value) and low <= value <= high else f"outside {low:g}..{high:g}"
 
 
+_COLUMNS = tuple(dict.fromkeys(METRICS.values()))
+_SLOT = {c: i for i, c in enumerate(_COLUMNS)}
+
+
 def read_chunk(
     client: PrometheusClient, *, first_ms: int, last_ms: int, step_ms: int
 ) -> ChunkResult:
-    """Every dcgm-exporter metric over one chunk, joined per GPU and timestamp."""
-    columns: dict[str, dict[tuple[str, int], float | None]] = {c: {} for c in METRICS.values()}
+    """Every dcgm-exporter metric over one chunk, joined per GPU and timestamp (one row of
+    slots per GPU and time, filled metric by metric: a chunk's memory is its samples)."""
+    rows: dict[str, dict[int, list[float | None]]] = {}
     held: dict[tuple[str, int], tuple[str, str]] = {}
     out = ChunkResult()
+    width = len(_COLUMNS)
     for metric, column in METRICS.items():
         series = client.query_range(
             # each grid point takes the one sample scraped in the step before it: no value
@@ -451,52 +494,54 @@ def read_chunk(
             end_s=last_ms / 1000,
             step_s=step_ms / 1000,
         )
-        values = columns[column]
-        while series:
-            labels, points = series.pop()  # the answer shrinks as the columns grow
+        slot = _SLOT[column]
+        for labels, points in series:
             gpu = _gpu(labels)
             if gpu is None:
                 continue
             out.gpus.setdefault(gpu.uuid, gpu)
             uuid = gpu.uuid
-            keyed = [
-                (
-                    (uuid, round(ts * 1000)),
-                    _value(text, metric=metric, column=column, labels=labels, ts=ts),
-                )
-                for ts, text in points
-            ]
-            values.update(keyed)
+            times = rows.setdefault(uuid, {})
             pod, namespace = labels.get("pod"), labels.get("namespace")
-            if pod and namespace:
-                held.update((k, (namespace, pod)) for k, _ in keyed)
-    keys = sorted(set().union(*(c.keys() for c in columns.values())))
-    get = {c: values.get for c, values in columns.items()}
-    for key in keys:
-        used, free = get["memory_used_mib"](key), get["memory_free_mib"](key)
-        total = used + free if used is not None and free is not None else None
-        throttle = get["throttle_reasons"](key)
-        out.samples.append(
-            GpuSample(
-                key[0],
-                key[1],
-                get["util"](key),
-                used,
-                total,
-                get["power_w"](key),
-                get["sm_clock_mhz"](key),
-                None if throttle is None else f"0x{int(throttle):016x}",
-                get["temperature_c"](key),
-                get["sm_active"](key),
-                get["tensor_active"](key),
-                get["dram_active"](key),
-            )
-        )
-        if total is not None and out.gpus[key[0]].memory_total_mib is None:
-            g = out.gpus[key[0]]
-            out.gpus[key[0]] = GpuRecord(g.uuid, g.node, g.index, g.model, total, g.parent_uuid)
+            holder = (namespace, pod) if pod and namespace else None
+            for ts, text in points:
+                ms = round(ts * 1000)
+                row = times.get(ms)
+                if row is None:
+                    row = times[ms] = [None] * width
+                row[slot] = _value(text, metric=metric, column=column, labels=labels, ts=ts)
+                if holder is not None:
+                    held[(uuid, ms)] = holder
+    for uuid in sorted(rows):
+        times = rows.pop(uuid)
+        for ms in sorted(times):
+            out.samples.append(_sample(uuid, ms, times.pop(ms)))
+            total = out.samples[-1].memory_total_mib
+            if total is not None and out.gpus[uuid].memory_total_mib is None:
+                g = out.gpus[uuid]
+                out.gpus[uuid] = GpuRecord(g.uuid, g.node, g.index, g.model, total, g.parent_uuid)
     out.holdings = spans(held, step_ms=step_ms)
     return out
+
+
+def _sample(uuid: str, ms: int, row: list[float | None]) -> GpuSample:
+    v = dict(zip(_COLUMNS, row, strict=True))
+    used, free = v["memory_used_mib"], v["memory_free_mib"]
+    throttle = v["throttle_reasons"]
+    return GpuSample(
+        uuid,
+        ms,
+        v["util"],
+        used,
+        used + free if used is not None and free is not None else None,
+        v["power_w"],
+        v["sm_clock_mhz"],
+        None if throttle is None else f"0x{int(throttle):016x}",
+        v["temperature_c"],
+        v["sm_active"],
+        v["tensor_active"],
+        v["dram_active"],
+    )
 
 
 def spans(held: Mapping[tuple[str, int], tuple[str, str]], *, step_ms: int) -> list[Holding]:

@@ -99,7 +99,12 @@ def import_prometheus(
 
     `progress(done, total)` is called after each chunk; `auth`: credentials (else those in
     the URL's userinfo); `timeout_s`: the deadline of each query."""
-    from auditor.collect.prometheus import PrometheusClient, chunks, read_chunk
+    from auditor.collect.prometheus import (
+        PrometheusClient,
+        chunks,
+        points_per_query,
+        read_chunk,
+    )
     from auditor.collect.sink import resolve_holdings
     from auditor.model import GpuRecord
     from auditor.store.writes import insert_samples, upsert_assignments, upsert_gpus
@@ -110,9 +115,14 @@ def import_prometheus(
         raise InputError("the window ends before it starts", field="--end")
     if step_s <= 0:
         raise InputError("the step must be positive", field="--step")
+    if timeout_s <= 0:
+        raise InputError("the timeout must be positive", field="--timeout")
     step_ms = round(step_s * 1000)
     client = PrometheusClient(prometheus_url, auth=auth, timeout_s=timeout_s)
-    parts = list(chunks(start_ms, end_ms, step_ms=step_ms, max_points=max_points))
+    per_query = points_per_query(
+        client, start_s=start_ms / 1000, end_s=end_ms / 1000, max_points=max_points
+    )
+    parts = list(chunks(start_ms, end_ms, step_ms=step_ms, max_points=per_query))
     engine = open_store(url)
     known: dict[str, GpuRecord] = {}
     ids: dict[str, int] = {}
