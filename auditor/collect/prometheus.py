@@ -198,21 +198,21 @@ class PrometheusClient:
     def query_range(
         self, query: str, *, start_s: float, end_s: float, step_s: float
     ) -> Iterator[Series]:
-        """The (labels, [(ts, value text)]) series of a matrix answer, one at a time: the
+        """The (labels, [[ts, value text], ...]) series of a matrix answer, one at a time: the
         answer's JSON of each is freed as it is handed out."""
         form = {"query": query, "start": f"{start_s:.3f}", "end": f"{end_s:.3f}"}
         form["step"] = f"{step_s:g}"
-        status, body = self._post("/api/v1/query_range", urllib.parse.urlencode(form).encode())
-        return _matrix(self._answer(status, body, query), query)
+        status, body = self._post("/api/v1/query_range", _form(form))
+        return _matrix(self._answer(status, body, query=query), query)
 
     def series_count(self, metric: str, *, start_s: float, end_s: float) -> int | None:
         """How many series of `metric` the window holds (`/api/v1/series`: the index only, no
         samples read); None where the server does not offer that endpoint."""
         form = {"match[]": metric, "start": f"{start_s:.3f}", "end": f"{end_s:.3f}"}
-        status, body = self._post("/api/v1/series", urllib.parse.urlencode(form).encode())
+        status, body = self._post("/api/v1/series", _form(form))
         if status in {404, 405}:
             return None
-        data = self._answer(status, body, f"series of {metric}").get("data")
+        data = self._answer(status, body, query=f"series of {metric}").get("data")
         if not isinstance(data, list):
             raise _shape(f"series of {metric}", "'data' is not a list")
         return len(data)
@@ -269,9 +269,7 @@ class PrometheusClient:
         except (OSError, http.client.HTTPException) as e:
             if expired.is_set():
                 raise self._late(started) from e
-            reason = (
-                e.strerror if isinstance(e, OSError) and e.strerror else str(e) or type(e).__name__
-            )
+            reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
             raise InputError(
                 f"cannot reach Prometheus at {self.url}: {reason or type(e).__name__}"[:240],
                 field="--url",
@@ -294,7 +292,8 @@ class PrometheusClient:
             field="--url",
         )
 
-    def _answer(self, status: int, body: bytearray, query: str) -> dict[str, Any]:
+    def _answer(self, status: int, body: bytearray, *, query: str) -> dict[str, Any]:
+        """The JSON object of a success; `body` is emptied once parsed."""
         if status in {401, 403}:
             raise InputError(
                 f"Prometheus at {self.url} answered HTTP {status}: authentication failed "
@@ -314,7 +313,7 @@ class PrometheusClient:
                 f"{_short(bytes(body[:60]))}",
                 field="--url",
             ) from None
-        del body
+        body.clear()
         if not isinstance(answer, dict):
             raise _shape(query, f"the answer is {type(answer).__name__}, not an object")
         if answer.get("status") != "success":
@@ -329,11 +328,16 @@ class PrometheusClient:
         return answer
 
 
+def _form(fields: Mapping[str, str]) -> bytes:
+    return urllib.parse.urlencode(fields).encode()
+
+
 def _shape(query: str, what: str) -> InputError:
     return InputError(f"Prometheus answered {_short(query)} oddly: {what}", field="--url")
 
 
-Series = tuple[dict[str, str], list[tuple[float, str]]]
+Series = tuple[dict[str, str], list[list[Any]]]
+"""A series' labels and its [timestamp, "value"] points, shapes checked."""
 
 
 def _matrix(answer: Mapping[str, Any], query: str) -> Iterator[Series]:
@@ -362,20 +366,16 @@ def _series(result: list[Any], query: str) -> Iterator[Series]:
         values = item.get("values", [])
         if not isinstance(values, list):
             raise _shape(query, f"values {_short(values)} are not a list")
-        points: list[tuple[float, str]] = []
         for pair in values:
-            if (
-                not isinstance(pair, list)
-                or len(pair) != 2
-                or isinstance(pair[0], bool)
-                or not isinstance(pair[0], int | float)
-                or not math.isfinite(pair[0])
-                or not isinstance(pair[1], str)
+            if not (
+                type(pair) is list
+                and len(pair) == 2
+                and type(pair[1]) is str
+                and (type(pair[0]) is int or (type(pair[0]) is float and math.isfinite(pair[0])))
             ):
                 raise _shape(query, f'a point {_short(pair)} is not [timestamp, "value"]')
-            points.append((float(pair[0]), pair[1]))
-        del item, values
-        yield labels, points
+        del item
+        yield labels, values
 
 
 POINT_BUDGET = 200_000
@@ -495,6 +495,7 @@ def read_chunk(
             step_s=step_ms / 1000,
         )
         slot = _SLOT[column]
+        low, high = BOUNDS.get(column, (0.0, 0.0))  # throttle reasons: always checked in full
         for labels, points in series:
             gpu = _gpu(labels)
             if gpu is None:
@@ -509,7 +510,13 @@ def read_chunk(
                 row = times.get(ms)
                 if row is None:
                     row = times[ms] = [None] * width
-                row[slot] = _value(text, metric=metric, column=column, labels=labels, ts=ts)
+                try:
+                    value: float | None = float(text)
+                except ValueError:
+                    value = None
+                if value is None or not low <= value <= high:  # NaN, too: not read, or bad
+                    value = _value(text, metric=metric, column=column, labels=labels, ts=ts)
+                row[slot] = value
                 if holder is not None:
                     held[(uuid, ms)] = holder
     for uuid in sorted(rows):
