@@ -48,8 +48,9 @@ _lock = threading.Lock()
 
 def remember(secret: str | None) -> None:
     """Redact `secret` (and its percent-encoded forms) from every later text. Values under
-    four characters are not remembered: they would mask ordinary words."""
-    if not secret or len(secret) < 4:
+    six characters are not remembered: they would mask ordinary words (the structural rules
+    still mask them in URLs and `password=`)."""
+    if not secret or len(secret) < 6:
         return
     forms = {secret, urllib.parse.quote(secret, safe=""), urllib.parse.quote_plus(secret)}
     with _lock:
