@@ -20,6 +20,7 @@ import typer
 
 from auditor import __version__
 from auditor.errors import AuditorError, InputError
+from auditor.redact import redact
 from auditor.report.text import terminal_safe
 from auditor.settings import CONFIG_ENV, DB_URL_ENV, Config, default_db_url, load_config
 
@@ -57,7 +58,7 @@ def user_errors() -> Iterator[None]:
     try:
         yield
     except AuditorError as e:
-        typer.echo(f"auditor: error: {terminal_safe(str(e))}", err=True)  # may echo a name
+        typer.echo(f"auditor: error: {terminal_safe(redact(str(e)))}", err=True)  # may echo names
         raise typer.Exit(e.exit_code) from None
     except KeyboardInterrupt:
         typer.echo("auditor: interrupted", err=True)
@@ -68,7 +69,7 @@ def user_errors() -> Iterator[None]:
         failure = environment_failure(state.db_url, e)
         if failure is None:
             raise
-        typer.echo(f"auditor: error: {terminal_safe(str(failure))}", err=True)
+        typer.echo(f"auditor: error: {terminal_safe(redact(str(failure)))}", err=True)
         raise typer.Exit(failure.exit_code) from None
 
 
@@ -107,7 +108,7 @@ def root(
     try:
         state.db_url = db or default_db_url()
     except AuditorError as e:
-        typer.echo(f"auditor: error: {terminal_safe(str(e))}", err=True)
+        typer.echo(f"auditor: error: {terminal_safe(redact(str(e)))}", err=True)
         raise typer.Exit(e.exit_code) from None
     state.config_path = config
 
@@ -269,21 +270,55 @@ def import_prometheus(
         str,
         typer.Option("--step", help="Resolution: dcgm-exporter's scrape interval (5s, 15s, 30s)."),
     ] = "15s",
+    bearer_token_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--bearer-token-file",
+            help="File holding a bearer token (else env AUDITOR_PROMETHEUS_TOKEN).",
+        ),
+    ] = None,
+    basic_auth_user: Annotated[
+        str | None,
+        typer.Option("--basic-auth-user", help="Basic auth user (else the URL's user@)."),
+    ] = None,
+    basic_auth_password_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--basic-auth-password-file",
+            help="File holding the basic auth password (else env AUDITOR_PROMETHEUS_PASSWORD).",
+        ),
+    ] = None,
+    timeout: Annotated[
+        str, typer.Option("--timeout", help="Longest one query may take, to its last byte.")
+    ] = "60s",
 ) -> None:
     """Import dcgm-exporter GPU samples, and the pod holding each GPU, from Prometheus."""
     from auditor import jobs
+    from auditor.collect.prometheus import credentials
 
     with user_errors():
         window = parse_window(start, end, since)
         if window is None:
             raise InputError("give --start and --end, or --since", field="--start")
         step_s = parse_duration(step, option="--step").total_seconds()
+        timeout_s = parse_duration(timeout, option="--timeout").total_seconds()
+        url, auth = credentials(
+            url,
+            user=basic_auth_user,
+            password_file=basic_auth_password_file,
+            token_file=bearer_token_file,
+        )
         stats = jobs.import_prometheus(
-            state.db_url, prometheus_url=url, window=window, step_s=step_s
+            state.db_url,
+            prometheus_url=url,
+            window=window,
+            step_s=step_s,
+            auth=auth,
+            timeout_s=timeout_s,
         )
     typer.echo(
         f"imported {stats.samples} samples of {stats.gpus} GPUs and {stats.holdings} GPU -> pod "
-        f"assignments from {url} in {stats.seconds:.1f}s"
+        f"assignments from {redact(url)} in {stats.seconds:.1f}s"
         + (f" ({stats.already} samples already stored)" if stats.already else "")
     )
     if stats.unresolved:

@@ -1,5 +1,7 @@
 """What the watcher tells its operators: Prometheus metrics, a health check, JSON logs.
 
+`setup_logging` serves the sampler too; its handler redacts secrets from every record.
+
 `WatchMetrics` lives on a registry of its own (never the global one), so tests and several
 watchers in one process do not collide. `serve` answers `/metrics` and `/healthz` on one
 port: the health check fails (503) when some kind being watched has not synced (a list
@@ -17,6 +19,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+from auditor.redact import RedactingFilter
 
 
 class WatchMetrics:
@@ -156,11 +160,16 @@ class JsonFormatter(logging.Formatter):
         out.update({k: v for k, v in vars(record).items() if k not in _STANDARD})
         if record.exc_info:
             out["exception"] = self.formatException(record.exc_info)
+        elif record.exc_text:
+            out["exception"] = record.exc_text
         return json.dumps(out, default=str)
 
 
 def setup_logging(*, json_format: bool, level: int = logging.INFO) -> None:
+    """The `auditor` loggers to stderr, every record redacted (`auditor.redact`) first: a
+    database or Prometheus URL in a message or a driver's traceback loses its password."""
     handler = logging.StreamHandler()
+    handler.addFilter(RedactingFilter())
     handler.setFormatter(
         JsonFormatter()
         if json_format

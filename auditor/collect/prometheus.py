@@ -9,24 +9,47 @@ GPU `UUID/gi<ID>` with the card as its parent), `Hostname` (else `instance`) as 
 `gpu` as the index, `modelName`; and `namespace`, `pod` of the pod holding the card, an
 exact GPU -> pod mapping. Prometheus drops empty labels, so a series without `pod` is a
 card no pod held.
+
+Nothing from the server is trusted: each query has a deadline (to the last byte) and a size
+cap, every part of an answer's shape is checked, and every value must be one a GPU can
+report (`BOUNDS`); anything else is a one-line InputError, and the import stores nothing.
+Credentials (basic auth, also from the URL's userinfo, or a bearer token) go in a header
+that is never logged; the URL requested and printed has no userinfo.
 """
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import http.client
 import json
 import math
-import urllib.error
+import os
+import socket
+import ssl
+import threading
+import time
 import urllib.parse
-import urllib.request
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from auditor.collect.buffer import Holding
 from auditor.errors import InputError
 from auditor.model import GpuRecord, GpuSample
+from auditor.redact import redact, remember
 
 MAX_POINTS = 10_000
+DEADLINE_S = 60.0
+"""Longest one query may take, connecting to the last byte (a socket timeout alone restarts
+with every byte a slow server sends)."""
+MAX_RESPONSE_BYTES = 64 << 20
+"""Largest answer read; a larger one asks for a narrower window or a larger --step."""
+_READ_BYTES = 1 << 16
+TOKEN_ENV = "AUDITOR_PROMETHEUS_TOKEN"
+PASSWORD_ENV = "AUDITOR_PROMETHEUS_PASSWORD"
 
 METRICS: Mapping[str, str] = {
     "DCGM_FI_DEV_GPU_UTIL": "util",
@@ -42,48 +65,333 @@ METRICS: Mapping[str, str] = {
 }
 """dcgm-exporter metric -> GpuSample field (FB_FREE only completes the memory total)."""
 
+BOUNDS: Mapping[str, tuple[float, float]] = {
+    "util": (0.0, 100.0),
+    "memory_used_mib": (0.0, 1e7),
+    "memory_free_mib": (0.0, 1e7),
+    "power_w": (0.0, 1e5),
+    "sm_clock_mhz": (0.0, 1e5),
+    "temperature_c": (0.0, 200.0),
+    "sm_active": (0.0, 1.0),
+    "tensor_active": (0.0, 1.0),
+    "dram_active": (0.0, 1.0),
+}
+"""The values a GPU can report, inclusive; anything else refuses the import, as a CSV cell
+out of range does (throttle reasons: an integer bitmask below 2**64)."""
+
+
+def _short(value: object, limit: int = 60) -> str:
+    """`value` as a string (`repr` unless it is one), redacted, cut to `limit` characters."""
+    text = redact(value if isinstance(value, str) else repr(value))
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+@dataclass(frozen=True)
+class Auth:
+    """How to authenticate to Prometheus: HTTP basic, or a bearer token. `repr` shows no
+    secret; the header it makes is sent, never logged."""
+
+    user: str | None = field(default=None)
+    password: str | None = field(default=None, repr=False)
+    token: str | None = field(default=None, repr=False)
+
+    def header(self) -> str | None:
+        if self.token:
+            return f"Bearer {self.token}"
+        if self.user is not None:
+            pair = f"{self.user}:{self.password or ''}".encode()
+            return f"Basic {base64.b64encode(pair).decode()}"
+        return None
+
+
+def split_userinfo(url: str) -> tuple[str, str | None, str | None]:
+    """(`url` without userinfo, user, password), percent-decoded. The last `@` ends the
+    userinfo, so an unescaped `@` or `:` in a password stays in it."""
+    scheme, sep, rest = url.partition("://")
+    at = rest.rfind("@")
+    if not sep or at < 0:
+        return url, None, None
+    info, host = rest[:at], rest[at + 1 :]
+    user, colon, password = info.partition(":")
+    return (
+        f"{scheme}://{host}",
+        urllib.parse.unquote(user),
+        urllib.parse.unquote(password) if colon else None,
+    )
+
+
+def _read_secret(path: Path, *, option: str) -> str:
+    try:
+        text = path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as e:
+        why = getattr(e, "strerror", None) or "not UTF-8 text"
+        raise InputError(f"cannot read: {why}", file=str(path), field=option) from e
+    if not text:
+        raise InputError("the file is empty", file=str(path), field=option)
+    return text
+
+
+def credentials(
+    url: str,
+    *,
+    user: str | None = None,
+    password_file: Path | None = None,
+    token_file: Path | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> tuple[str, Auth | None]:
+    """The URL to request (no userinfo) and the credentials to send: a bearer token from
+    `token_file` or AUDITOR_PROMETHEUS_TOKEN, else basic auth as `user` (else the URL's user)
+    with the password from `password_file`, AUDITOR_PROMETHEUS_PASSWORD or the URL."""
+    env = os.environ if environ is None else environ
+    clean, url_user, url_password = split_userinfo(url)
+    remember(url_password)
+    token = _read_secret(token_file, option="--bearer-token-file") if token_file else None
+    token = token or env.get(TOKEN_ENV) or None
+    password = (
+        _read_secret(password_file, option="--basic-auth-password-file")
+        if password_file
+        else env.get(PASSWORD_ENV) or None
+    )
+    remember(token)
+    remember(password)
+    name = user or url_user or None
+    if token and (user or password_file):
+        raise InputError("give a bearer token or basic auth, not both", field="--basic-auth-user")
+    if token:
+        return clean, Auth(token=token)
+    if (password or url_password) and not name:
+        raise InputError("a basic auth password needs a user name", field="--basic-auth-user")
+    if name:
+        return clean, Auth(user=name, password=password or url_password)
+    return clean, None
+
 
 class PrometheusClient:
-    """`query_range` over HTTP (stdlib urllib); failures become one-line InputErrors."""
+    """`query_range` over HTTP(S) with a deadline per query and a cap on the answer's size;
+    every failure, and every answer of an unexpected shape, is a one-line InputError."""
 
-    def __init__(self, url: str, *, timeout_s: float = 60.0) -> None:
-        self.url = url.rstrip("/")
+    def __init__(
+        self,
+        url: str,
+        *,
+        auth: Auth | None = None,
+        timeout_s: float = DEADLINE_S,
+        max_bytes: int = MAX_RESPONSE_BYTES,
+    ) -> None:
+        clean, user, password = split_userinfo(url.strip())
+        remember(password)
+        if auth is None and user:
+            auth = Auth(user=user, password=password)
+        self.url = clean.rstrip("/")
+        parts = urllib.parse.urlsplit(self.url)
+        if parts.scheme not in {"http", "https"} or not parts.hostname:
+            raise InputError(f"not an http(s) URL: {_short(self.url)}", field="--url")
+        try:
+            self._port = parts.port
+        except ValueError:
+            raise InputError(f"not a port in {_short(self.url)}", field="--url") from None
+        self._parts = parts
+        self._auth = auth
         self.timeout_s = timeout_s
+        self.max_bytes = max_bytes
 
     def query_range(
         self, query: str, *, start_s: float, end_s: float, step_s: float
-    ) -> list[dict[str, Any]]:
+    ) -> Iterator[Series]:
+        """The (labels, [[ts, value text], ...]) series of a matrix answer, one at a time: the
+        answer's JSON of each is freed as it is handed out."""
         form = {"query": query, "start": f"{start_s:.3f}", "end": f"{end_s:.3f}"}
         form["step"] = f"{step_s:g}"
-        body = urllib.parse.urlencode(form).encode()
-        request = urllib.request.Request(f"{self.url}/api/v1/query_range", data=body)
+        status, body = self._post("/api/v1/query_range", _form(form))
+        return _matrix(self._answer(status, body, query=query), query)
+
+    def series_count(self, metric: str, *, start_s: float, end_s: float) -> int | None:
+        """How many series of `metric` the window holds (`/api/v1/series`: the index only, no
+        samples read); None where the server does not offer that endpoint."""
+        form = {"match[]": metric, "start": f"{start_s:.3f}", "end": f"{end_s:.3f}"}
+        status, body = self._post("/api/v1/series", _form(form))
+        if status in {404, 405}:
+            return None
+        data = self._answer(status, body, query=f"series of {metric}").get("data")
+        if not isinstance(data, list):
+            raise _shape(f"series of {metric}", "'data' is not a list")
+        return len(data)
+
+    def _post(self, path: str, body: bytes) -> tuple[int, bytearray]:
+        started = time.monotonic()
+        expired = threading.Event()
+        parts = self._parts
+        host = parts.hostname or ""
+        conn: http.client.HTTPConnection
+        if parts.scheme == "https":
+            conn = http.client.HTTPSConnection(
+                host, self._port, timeout=self.timeout_s, context=ssl.create_default_context()
+            )
+        else:
+            conn = http.client.HTTPConnection(host, self._port, timeout=self.timeout_s)
+
+        def expire() -> None:  # wakes a read blocked on a server that sends bytes slowly
+            expired.set()
+            sock = conn.sock
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+        timer = threading.Timer(self.timeout_s, expire)
+        timer.daemon = True
+        timer.start()
+        headers = {
+            "Content-Type": "application/x-www-form-urlencoded",
+            "Accept": "application/json",
+        }
+        header = self._auth.header() if self._auth is not None else None
+        if header is not None:
+            headers["Authorization"] = header
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                answer = json.load(response)
-        except urllib.error.HTTPError as e:
-            answer = _error_body(e)
-        except (urllib.error.URLError, OSError) as e:
-            reason = getattr(e, "reason", e)
+            conn.request("POST", f"{parts.path.rstrip('/')}{path}", body=body, headers=headers)
+            response = conn.getresponse()
+            declared = response.getheader("Content-Length")
+            if declared and declared.isdigit() and int(declared) > self.max_bytes:
+                raise self._too_large()
+            data = bytearray()
+            while not expired.is_set():
+                piece = response.read1(_READ_BYTES)
+                if not piece:
+                    break
+                data += piece
+                if len(data) > self.max_bytes:
+                    raise self._too_large()
+            if expired.is_set():
+                raise self._late(started)
+            return response.status, data
+        except InputError:
+            raise
+        except (OSError, http.client.HTTPException) as e:
+            if expired.is_set():
+                raise self._late(started) from e
+            reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
             raise InputError(
-                f"cannot reach Prometheus at {self.url}: {reason}", field="--url"
+                f"cannot reach Prometheus at {self.url}: {reason or type(e).__name__}"[:240],
+                field="--url",
             ) from e
-        except ValueError as e:
-            raise InputError(f"{self.url} did not answer JSON: {e}", field="--url") from e
-        if not isinstance(answer, dict) or answer.get("status") != "success":
-            error = answer.get("error") if isinstance(answer, dict) else None
-            raise InputError(f"Prometheus refused {query}: {error or answer}", field="--url")
-        data = answer.get("data") or {}
-        if data.get("resultType") != "matrix":
-            raise InputError(f"Prometheus answered {query} with no matrix", field="--url")
-        result: list[dict[str, Any]] = data.get("result") or []
-        return result
+        finally:
+            timer.cancel()
+            conn.close()
+
+    def _late(self, started: float) -> InputError:
+        return InputError(
+            f"Prometheus at {self.url} did not answer within {self.timeout_s:g}s "
+            f"({time.monotonic() - started:.1f}s): narrow the window or use a larger --step",
+            field="--url",
+        )
+
+    def _too_large(self) -> InputError:
+        return InputError(
+            f"Prometheus at {self.url} answered more than {self.max_bytes >> 20} MiB: "
+            "narrow the window or use a larger --step",
+            field="--url",
+        )
+
+    def _answer(self, status: int, body: bytearray, *, query: str) -> dict[str, Any]:
+        """The JSON object of a success; `body` is emptied once parsed."""
+        if status in {401, 403}:
+            raise InputError(
+                f"Prometheus at {self.url} answered HTTP {status}: authentication failed "
+                "(see --basic-auth-user, --bearer-token-file)",
+                field="--url",
+            )
+        try:
+            answer = json.loads(body)
+        except (ValueError, UnicodeDecodeError):
+            if status >= 300:
+                raise InputError(
+                    f"Prometheus at {self.url} answered HTTP {status} to {_short(query)}",
+                    field="--url",
+                ) from None
+            raise InputError(
+                f"Prometheus at {self.url} did not answer JSON to {_short(query)}: "
+                f"{_short(bytes(body[:60]))}",
+                field="--url",
+            ) from None
+        body.clear()
+        if not isinstance(answer, dict):
+            raise _shape(query, f"the answer is {type(answer).__name__}, not an object")
+        if answer.get("status") != "success":
+            error = answer.get("error")
+            kind = answer.get("errorType")
+            detail = f"{kind}: {error}" if kind and error else error or f"HTTP {status}"
+            raise InputError(
+                f"Prometheus refused {_short(query)}: {_short(str(detail), 160)}", field="--url"
+            )
+        if status >= 300:
+            raise InputError(f"Prometheus at {self.url} answered HTTP {status}", field="--url")
+        return answer
 
 
-def _error_body(e: urllib.error.HTTPError) -> Any:
-    try:
-        return json.load(e)
-    except ValueError:
-        return {"status": "error", "error": f"HTTP {e.code} {e.reason}"}
+def _form(fields: Mapping[str, str]) -> bytes:
+    return urllib.parse.urlencode(fields).encode()
+
+
+def _shape(query: str, what: str) -> InputError:
+    return InputError(f"Prometheus answered {_short(query)} oddly: {what}", field="--url")
+
+
+Series = tuple[dict[str, str], list[list[Any]]]
+"""A series' labels and its [timestamp, "value"] points, shapes checked."""
+
+
+def _matrix(answer: Mapping[str, Any], query: str) -> Iterator[Series]:
+    """The series of a `query_range` answer, every part's shape checked (the envelope at
+    once, each series as it is reached)."""
+    data = answer.get("data")
+    if not isinstance(data, dict):
+        raise _shape(query, "no 'data' object")
+    if data.get("resultType") != "matrix":
+        kind = data.get("resultType")
+        raise _shape(query, f"resultType {_short(repr(kind))}, not 'matrix'")
+    result = data.get("result")
+    if not isinstance(result, list):
+        raise _shape(query, "'result' is not a list")
+    return _series(result, query)
+
+
+def _series(result: list[Any], query: str) -> Iterator[Series]:
+    for i, item in enumerate(result):
+        result[i] = None  # free the JSON of each series once read
+        if not isinstance(item, dict):
+            raise _shape(query, f"a series is {_short(item)}, not an object")
+        labels = item.get("metric", {})
+        if not isinstance(labels, dict) or not all(isinstance(v, str) for v in labels.values()):
+            raise _shape(query, f"labels {_short(labels)} are not an object of strings")
+        values = item.get("values", [])
+        if not isinstance(values, list):
+            raise _shape(query, f"values {_short(values)} are not a list")
+        for pair in values:
+            if not (
+                type(pair) is list
+                and len(pair) == 2
+                and type(pair[1]) is str
+                and (type(pair[0]) is int or (type(pair[0]) is float and math.isfinite(pair[0])))
+            ):
+                raise _shape(query, f'a point {_short(pair)} is not [timestamp, "value"]')
+        del item
+        yield labels, values
+
+
+POINT_BUDGET = 200_000
+"""Most points (series x grid points) one query asks for: what bounds the memory of a chunk
+where the cluster has many GPUs."""
+
+
+def points_per_query(
+    client: PrometheusClient, *, start_s: float, end_s: float, max_points: int
+) -> int:
+    """Grid points per chunk: `max_points`, fewer where many series would make a large
+    answer (POINT_BUDGET in all)."""
+    count = client.series_count("DCGM_FI_DEV_GPU_UTIL", start_s=start_s, end_s=end_s)
+    if not count:
+        return max_points
+    return max(1, min(max_points, POINT_BUDGET // count))
 
 
 def chunks(
@@ -116,17 +424,66 @@ def _gpu(labels: Mapping[str, str]) -> GpuRecord | None:
     if instance:
         return GpuRecord(f"{uuid}/gi{instance}", node, None, labels.get("modelName"), None, uuid)
     return GpuRecord(
-        uuid, node, int(index) if index and index.isdigit() else None, labels.get("modelName")
+        uuid,
+        node,
+        int(index) if index and index.isascii() and index.isdigit() else None,
+        labels.get("modelName"),
     )
+
+
+def _series_name(labels: Mapping[str, str]) -> str:
+    parts = (
+        labels.get("UUID"),
+        labels.get("gpu"),
+        labels.get("Hostname") or labels.get("instance"),
+    )
+    return _short("/".join(p if p is not None else "?" for p in parts), 80)
+
+
+def _value(
+    text: str, *, metric: str, column: str, labels: Mapping[str, str], ts: float
+) -> float | None:
+    """The reading `text` as stored: None for NaN (not read); a value no GPU can report is
+    an InputError naming the metric, the series, the time and the value."""
+    try:
+        value = float(text)
+    except ValueError:
+        value, problem = math.inf, "not a number"
+    else:
+        if math.isnan(value):
+            return None
+        problem = _out_of_bounds(column, value)
+    if problem:
+        at = datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        raise InputError(
+            f"{metric} of {_series_name(labels)} at {at}: {_short(repr(text))} is {problem}",
+            field="--url",
+        )
+    return value
+
+
+def _out_of_bounds(column: str, value: float) -> str:
+    if column == "throttle_reasons":
+        if math.isfinite(value) and value.is_integer() and 0 <= value < 2**64:
+            return ""
+        return "not a bitmask (an integer 0 <= n < 2**64)"
+    low, high = BOUNDS[column]
+    return "" if math.isfinite(value) and low <= value <= high else f"outside {low:g}..{high:g}"
+
+
+_COLUMNS = tuple(dict.fromkeys(METRICS.values()))
+_SLOT = {c: i for i, c in enumerate(_COLUMNS)}
 
 
 def read_chunk(
     client: PrometheusClient, *, first_ms: int, last_ms: int, step_ms: int
 ) -> ChunkResult:
-    """Every dcgm-exporter metric over one chunk, joined per GPU and timestamp."""
-    columns: dict[str, dict[tuple[str, int], float | None]] = {c: {} for c in METRICS.values()}
+    """Every dcgm-exporter metric over one chunk, joined per GPU and timestamp (one row of
+    slots per GPU and time, filled metric by metric: a chunk's memory is its samples)."""
+    rows: dict[str, dict[int, list[float | None]]] = {}
     held: dict[tuple[str, int], tuple[str, str]] = {}
     out = ChunkResult()
+    width = len(_COLUMNS)
     for metric, column in METRICS.items():
         series = client.query_range(
             # each grid point takes the one sample scraped in the step before it: no value
@@ -137,46 +494,61 @@ def read_chunk(
             end_s=last_ms / 1000,
             step_s=step_ms / 1000,
         )
-        values = columns[column]
-        for s in series:
-            labels: dict[str, str] = s.get("metric", {})
+        slot = _SLOT[column]
+        low, high = BOUNDS.get(column, (0.0, 0.0))  # throttle reasons: always checked in full
+        for labels, points in series:
             gpu = _gpu(labels)
             if gpu is None:
                 continue
             out.gpus.setdefault(gpu.uuid, gpu)
             uuid = gpu.uuid
-            keyed = [((uuid, round(ts * 1000)), float(text)) for ts, text in s.get("values", [])]
-            values.update((k, None if math.isnan(v) else v) for k, v in keyed)  # NaN: unread
+            times = rows.setdefault(uuid, {})
             pod, namespace = labels.get("pod"), labels.get("namespace")
-            if pod and namespace:
-                held.update((k, (namespace, pod)) for k, _ in keyed)
-    keys = sorted(set().union(*(c.keys() for c in columns.values())))
-    get = {c: values.get for c, values in columns.items()}
-    for key in keys:
-        used, free = get["memory_used_mib"](key), get["memory_free_mib"](key)
-        total = used + free if used is not None and free is not None else None
-        throttle = get["throttle_reasons"](key)
-        out.samples.append(
-            GpuSample(
-                key[0],
-                key[1],
-                get["util"](key),
-                used,
-                total,
-                get["power_w"](key),
-                get["sm_clock_mhz"](key),
-                None if throttle is None else f"0x{int(throttle):016x}",
-                get["temperature_c"](key),
-                get["sm_active"](key),
-                get["tensor_active"](key),
-                get["dram_active"](key),
-            )
-        )
-        if total is not None and out.gpus[key[0]].memory_total_mib is None:
-            g = out.gpus[key[0]]
-            out.gpus[key[0]] = GpuRecord(g.uuid, g.node, g.index, g.model, total, g.parent_uuid)
+            holder = (namespace, pod) if pod and namespace else None
+            for ts, text in points:
+                ms = round(ts * 1000)
+                row = times.get(ms)
+                if row is None:
+                    row = times[ms] = [None] * width
+                try:
+                    value: float | None = float(text)
+                except ValueError:
+                    value = None
+                if value is None or not low <= value <= high:  # NaN, too: not read, or bad
+                    value = _value(text, metric=metric, column=column, labels=labels, ts=ts)
+                row[slot] = value
+                if holder is not None:
+                    held[(uuid, ms)] = holder
+    for uuid in sorted(rows):
+        times = rows.pop(uuid)
+        for ms in sorted(times):
+            out.samples.append(_sample(uuid, ms, times.pop(ms)))
+            total = out.samples[-1].memory_total_mib
+            if total is not None and out.gpus[uuid].memory_total_mib is None:
+                g = out.gpus[uuid]
+                out.gpus[uuid] = GpuRecord(g.uuid, g.node, g.index, g.model, total, g.parent_uuid)
     out.holdings = spans(held, step_ms=step_ms)
     return out
+
+
+def _sample(uuid: str, ms: int, row: list[float | None]) -> GpuSample:
+    v = dict(zip(_COLUMNS, row, strict=True))
+    used, free = v["memory_used_mib"], v["memory_free_mib"]
+    throttle = v["throttle_reasons"]
+    return GpuSample(
+        uuid,
+        ms,
+        v["util"],
+        used,
+        used + free if used is not None and free is not None else None,
+        v["power_w"],
+        v["sm_clock_mhz"],
+        None if throttle is None else f"0x{int(throttle):016x}",
+        v["temperature_c"],
+        v["sm_active"],
+        v["tensor_active"],
+        v["dram_active"],
+    )
 
 
 def spans(held: Mapping[tuple[str, int], tuple[str, str]], *, step_ms: int) -> list[Holding]:

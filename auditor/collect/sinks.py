@@ -30,6 +30,7 @@ from auditor.collect.selectors import matcher
 from auditor.collect.workloads import gpu_request, pod_record
 from auditor.errors import InputError, StoreError, shown
 from auditor.model import PodRecord
+from auditor.redact import redact
 from auditor.settings import TeamRules
 from auditor.store.bounds import RowError, check_row, is_data_error
 from auditor.store.schema import nodes, pods
@@ -297,7 +298,7 @@ def _describe_record(rec: PodRecord) -> str:
 
 
 def _first_line(error: object) -> str:
-    text = str(error).strip()
+    text = redact(str(error)).strip()
     return shown(text.splitlines()[0], 200) if text else type(error).__name__
 
 

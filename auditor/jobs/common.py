@@ -51,18 +51,13 @@ def open_store(url: str) -> Engine:
 
 
 def raise_store_error(url: str, e: Exception) -> None:
-    from sqlalchemy.engine import make_url
-
     from auditor.errors import StoreError
+    from auditor.redact import redact
 
-    try:
-        safe = make_url(url).render_as_string(hide_password=True)
-    except Exception:
-        safe = "the database"
     cause = getattr(e, "orig", None) or e  # the driver's own message, not SQLAlchemy's wrapper
     text = str(cause).strip()
     first = text.splitlines()[0] if text else type(cause).__name__
-    raise StoreError(f"cannot use {safe}: {first}") from e
+    raise StoreError(f"cannot use {redact(url)}: {redact(first)}") from e
 
 
 def environment_failure(url: str, e: BaseException) -> AuditorError | None:

@@ -14,7 +14,7 @@ from auditor.jobs.common import BATCH_ROWS, ImportStats, Progress, batched, open
 from auditor.settings import Config
 
 if TYPE_CHECKING:
-    pass
+    from auditor.collect.prometheus import Auth
 
 FUTURE_MARGIN_S = 86_400
 """How far past this machine's clock a sample may be dated (clocks of nodes and laptops
@@ -104,11 +104,19 @@ def import_prometheus(
     step_s: float = 15.0,
     max_points: int = 10_000,
     progress: Callable[[int, int], None] | None = None,
+    auth: Auth | None = None,
+    timeout_s: float = 60.0,
 ) -> PrometheusImportStats:
     """Import dcgm-exporter samples and pod labels of a window in one transaction.
 
-    `progress(done, total)` is called after each chunk."""
-    from auditor.collect.prometheus import PrometheusClient, chunks, read_chunk
+    `progress(done, total)` is called after each chunk; `auth`: credentials (else those in
+    the URL's userinfo); `timeout_s`: the deadline of each query."""
+    from auditor.collect.prometheus import (
+        PrometheusClient,
+        chunks,
+        points_per_query,
+        read_chunk,
+    )
     from auditor.collect.sink import resolve_holdings
     from auditor.model import GpuRecord
     from auditor.store.writes import insert_samples, upsert_assignments, upsert_gpus
@@ -119,9 +127,14 @@ def import_prometheus(
         raise InputError("the window ends before it starts", field="--end")
     if step_s <= 0:
         raise InputError("the step must be positive", field="--step")
+    if timeout_s <= 0:
+        raise InputError("the timeout must be positive", field="--timeout")
     step_ms = round(step_s * 1000)
-    client = PrometheusClient(prometheus_url)
-    parts = list(chunks(start_ms, end_ms, step_ms=step_ms, max_points=max_points))
+    client = PrometheusClient(prometheus_url, auth=auth, timeout_s=timeout_s)
+    per_query = points_per_query(
+        client, start_s=start_ms / 1000, end_s=end_ms / 1000, max_points=max_points
+    )
+    parts = list(chunks(start_ms, end_ms, step_ms=step_ms, max_points=per_query))
     engine = open_store(url)
     known: dict[str, GpuRecord] = {}
     ids: dict[str, int] = {}
@@ -145,7 +158,7 @@ def import_prometheus(
                 progress(done, len(parts))
         if offered == 0:
             raise InputError(
-                f"no dcgm-exporter samples in Prometheus at {prometheus_url} for this window",
+                f"no dcgm-exporter samples in Prometheus at {client.url} for this window",
                 field="--start",
             )
     return PrometheusImportStats(

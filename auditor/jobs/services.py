@@ -48,11 +48,13 @@ def sample(url: str, options: SampleOptions, *, log: Callable[[str], None]) -> N
 
     from auditor.collect.buffer import DiskBuffer
     from auditor.collect.nvml import NvmlReader
+    from auditor.collect.observe import setup_logging
     from auditor.collect.podresources import PodResourcesClient
     from auditor.collect.sampler import Sampler, SamplerSettings
     from auditor.collect.sampler_metrics import SamplerMetrics, serve
     from auditor.collect.sink import StoreSink
 
+    setup_logging(json_format=False)  # a store error names the URL: redacted, every flush
     reader = NvmlReader(node=options.node, period_s=options.period_s)
     reader.open()
     holders = (

@@ -1,14 +1,18 @@
-"""Engines for a database URL: SQLite (WAL, busy timeout, foreign keys) or PostgreSQL."""
+"""Engines for a database URL: SQLite (WAL, busy timeout, foreign keys) or PostgreSQL.
+
+No message from here holds the URL's password: it is remembered by `auditor.redact` (so
+any later driver message that quotes it is masked too) and every error text is redacted."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 
 from auditor.errors import StoreError
+from auditor.redact import redact, remember
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 
@@ -27,11 +31,34 @@ def is_sqlite(engine: Engine) -> bool:
 
 
 def make_engine(url: str) -> Engine:
-    """An engine for `url`; a URL that cannot be parsed is a StoreError."""
+    """An engine for `url`; a URL that cannot be parsed or used is a StoreError."""
+    _remember_password(url)
     try:
         parsed = make_url(_normalise(url))
-    except ArgumentError as e:
-        raise StoreError(f"not a database URL: {url!r}") from e
+    except (ArgumentError, ValueError) as e:
+        raise StoreError(f"not a database URL: {redact(url)!r}") from e
+    remember(parsed.password if isinstance(parsed.password, str) else None)
+    if parsed.host and "@" in parsed.host:
+        raise StoreError(
+            f"not a database URL: {redact(url)!r} (write an '@' in the password as %40)"
+        )
+    try:
+        return _engine(parsed)
+    except Exception as e:  # an unknown dialect or driver, a bad query option...
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise StoreError(f"cannot use {redact(url)}: {redact(first)}") from e
+
+
+def _remember_password(url: str) -> None:
+    """The password as a user meant it: between the first `:` of the userinfo and the last
+    `@` (SQLAlchemy would split a password holding `@` at its first one)."""
+    _, sep, rest = url.partition("//")
+    info = rest.rpartition("@")[0] if sep else ""
+    if ":" in info:
+        remember(info.split(":", 1)[1])
+
+
+def _engine(parsed: URL) -> Engine:
     if parsed.get_backend_name() == "sqlite":
         engine = create_engine(parsed, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
 
