@@ -128,9 +128,9 @@ def test_a_read_only_database_is_one_line(tmp_path: Path) -> None:
         read_only,
         "import",
         "nvidia-smi",
-        str(big_csv(tmp_path / "b.csv", 10)),
+        str(big_csv(tmp_path / "b.csv", 20)),
         "--node",
-        "n2",
+        "n1",
     )
     assert code == 3
     assert "readonly" in one_line(out).replace("read-only", "readonly")

@@ -90,7 +90,7 @@ class _StoreSink:
                 with self._transaction() as conn:
                     write(conn, [item])
             except StoreError as e:
-                if not is_data_error(e):
+                if not is_data_error(e.__cause__):
                     raise
                 self._skip(what(item), e, reason="refused")
             else:
@@ -172,7 +172,7 @@ class PodSink(_StoreSink):
                 )
                 self._save_cursor(conn, resource_version, at_ms)
         except StoreError as e:
-            if not is_data_error(e):
+            if not is_data_error(e.__cause__):
                 raise
             records = self._write_each(records, upsert_pods, _describe_record)
             with self._transaction() as conn:
@@ -207,7 +207,7 @@ class PodSink(_StoreSink):
                 upsert_pods(conn, records)
                 self._save_cursor(conn, resource_version, at_ms)
         except StoreError as e:
-            if not is_data_error(e):
+            if not is_data_error(e.__cause__):
                 raise
             records = self._write_each(records, upsert_pods, _describe_record)
             with self._transaction() as conn:
@@ -272,7 +272,7 @@ class NodeSink(_StoreSink):
                 upsert_nodes(conn, rows)
                 self._save_cursor(conn, resource_version, at_ms)
         except StoreError as e:
-            if not is_data_error(e):
+            if not is_data_error(e.__cause__):
                 raise
             rows = self._write_each(rows, upsert_nodes, lambda r: f"node {r.get('name')}")
             with self._transaction() as conn:

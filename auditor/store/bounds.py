@@ -41,19 +41,17 @@ def check_row(table: Table, row: Mapping[str, Any], *, what: str) -> None:
             raise RowError(f"{what}: {problem}", field=f"{table.name}.{name}")
 
 
-def is_data_error(error: BaseException) -> bool:
+def is_data_error(error: BaseException | None) -> bool:
     """Did the database refuse a write for its data (a value, a constraint), rather than
     fail itself (down, locked, full)? Writing the other rows alone would then succeed.
-    `StoreError`s raised from such an error count too (their cause is looked at)."""
+    Deliberately narrow: a wrong answer here drops data, so a bare ValueError (a bug, a bad
+    URL) is not one; OverflowError and UnicodeError are what the drivers raise for a value
+    they cannot bind."""
     import sqlite3
 
     import psycopg
     from sqlalchemy.exc import DataError, IntegrityError
 
-    from auditor.errors import StoreError
-
-    if isinstance(error, StoreError) and error.__cause__ is not None:
-        error = error.__cause__
     return isinstance(
         error,
         DataError
@@ -64,8 +62,7 @@ def is_data_error(error: BaseException) -> bool:
         | psycopg.IntegrityError  # the bulk path writes through the driver itself
         | InputError
         | OverflowError
-        | UnicodeError
-        | ValueError,
+        | UnicodeError,
     )
 
 

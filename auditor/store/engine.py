@@ -35,8 +35,10 @@ def make_engine(url: str) -> Engine:
     _remember_password(url)
     try:
         parsed = make_url(_normalise(url))
-    except (ArgumentError, ValueError) as e:
+    except ArgumentError as e:
         raise StoreError(f"not a database URL: {redact(url)!r}") from e
+    except ValueError as e:  # make_url's int() of the port is the one that raises it
+        raise StoreError(f"not a database URL: {redact(url)!r} (the port is not a number)") from e
     remember(parsed.password if isinstance(parsed.password, str) else None)
     if parsed.host and "@" in parsed.host:
         raise StoreError(
