@@ -10,7 +10,7 @@ MAX_SHOWN = 40
 """Characters of a bad value an error message echoes: a 10 MB cell must not make a 10 MB line."""
 
 
-MAX_FIELD = 60
+MAX_FIELD = 120
 MAX_MESSAGE = 200
 """An error is one line a person reads: field names and messages are cut to these."""
 
