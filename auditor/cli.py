@@ -248,7 +248,7 @@ def import_pods(
     files: Annotated[
         list[Path],
         typer.Argument(
-            metavar="FILE...",
+            metavar="FILE",
             help="kubectl get pods,nodes -A -o json|yaml [--watch --output-watch-events]; "
             "several files: one transaction each."
         ),
