@@ -250,7 +250,7 @@ def import_pods(
         typer.Argument(
             metavar="FILE",
             help="kubectl get pods,nodes -A -o json|yaml [--watch --output-watch-events]; "
-            "several files: one transaction each."
+            "several files: one transaction each.",
         ),
     ],
 ) -> None:
