@@ -246,16 +246,43 @@ def import_nvidia_smi(
 
 @import_app.command("pods")
 def import_pods(
-    file: Annotated[
-        Path, typer.Argument(help="kubectl get pods -A -o json [--watch --output-watch-events]")
+    files: Annotated[
+        list[Path],
+        typer.Argument(
+            metavar="FILE",
+            help="kubectl get pods,nodes -A -o json|yaml [--watch --output-watch-events]; "
+            "several files: one transaction each.",
+        ),
     ],
 ) -> None:
-    """Import pods that request GPUs from a kubectl JSON list or watch stream."""
+    """Import GPU pods and nodes from kubectl JSON or YAML lists, manifests or watch streams.
+
+    A refused file is rolled back and the others are imported; the exit status is then
+    non-zero."""
     from auditor import jobs
 
-    with user_errors(), file_progress(file, file.name) as progress:
-        stats = jobs.import_pods(state.db_url, file, config=state.config(), progress=progress)
-    typer.echo(f"imported {stats.rows} GPU pod records from {file} in {stats.seconds:.1f}s")
+    imported = refused = worst = 0
+    for file in files:
+        try:
+            with user_errors(), file_progress(file, file.name) as progress:
+                stats = jobs.import_pods(
+                    state.db_url, file, config=state.config(), progress=progress
+                )
+        except typer.Exit as e:
+            if e.exit_code == 130:  # interrupted: stop, do not go on to the next file
+                raise
+            refused += 1
+            worst = max(worst, e.exit_code)
+            continue
+        imported += 1
+        typer.echo(
+            f"imported {stats.rows} GPU pod records and {stats.nodes} nodes from {file} in "
+            f"{stats.seconds:.1f}s"
+        )
+    if len(files) > 1:
+        typer.echo(f"{imported} files imported, {refused} refused")
+    if refused:
+        raise typer.Exit(worst)
 
 
 @import_app.command("prometheus")

@@ -144,8 +144,8 @@ def test_bad_nvidia_smi_input_leaves_the_database_untouched(
 BAD_JSON = {
     "not json": ('{"kind": "List", "items": [', "bad.json:1"),
     "not a pod list": (
-        json.dumps({"apiVersion": "v1", "kind": "NodeList", "items": []}),
-        "NodeList",
+        json.dumps({"apiVersion": "v1", "kind": "ServiceList", "items": []}),
+        "ServiceList",
     ),
     "bad timestamp": (
         json.dumps({"kind": "List", "items": [pod("u9")]}).replace(

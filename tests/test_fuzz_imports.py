@@ -1,12 +1,13 @@
 """Fuzz every file importer through the real CLI: no traceback, one short line, nothing
 written on a refusal.
 
-Real fixture files (kubectl JSON lists, watch streams, single pods; nvidia-smi CSVs of every
-layout) are damaged by a seeded mutator (`tests/mutate.py`) and imported into a SQLite store
-that already holds data. Each case must end in success (exit 0) or a refusal: exit 2 or 3,
-one line `auditor: error: ...` under 300 characters, no traceback, and the store's contents
-exactly as before. `AUDITOR_FUZZ_CASES` sets the number of cases per importer (default 150,
-a few seconds each in CI); a longer run prints its counts.
+Real fixture files (kubectl JSON and YAML lists, watch streams, single pods, nodes;
+nvidia-smi CSVs of every layout) are damaged by a seeded mutator (`tests/mutate.py`) and
+imported into a SQLite store that already holds data. Each case must end in success
+(exit 0) or a refusal: exit 2 or 3, one line `auditor: error: ...` under 300 characters,
+no traceback, and the store's contents exactly as before. `AUDITOR_FUZZ_CASES` sets the
+number of cases per importer (default 150, a few seconds each in CI); a longer run prints
+its counts.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ POD_FILES = sorted(
     [
         *(FIXTURES / "pods").glob("*.json"),
         *sorted((FIXTURES / "pods" / "controllers").glob("*.json"))[:6],
+        *(FIXTURES / "pods" / "yaml").glob("*.yaml"),  # the same, dumped as kubectl YAML
     ]
 )
 CSV_FILES = sorted((FIXTURES / "nvidia_smi").glob("*.csv"))

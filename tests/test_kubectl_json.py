@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from auditor.collect.kubectl_json import CHUNK_CHARS, read_kubectl_pods
+from auditor.collect.kubectl_json import CHUNK_CHARS, read_kubectl_json, read_kubectl_pods
 from auditor.errors import InputError
 from auditor.model import PodRecord
 from auditor.settings import TeamRules
@@ -145,8 +145,9 @@ def test_crlf_line_ends_read_the_same(tmp_path: Path) -> None:
         assert read(crlf) == read(PODS / name)
 
 
-def test_empty_file_and_empty_list_have_no_pods(tmp_path: Path) -> None:
-    assert read(write(tmp_path, "empty.json", "")) == []
+def test_an_empty_file_is_refused_and_an_empty_list_has_no_pods(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="the file is empty"):
+        read(write(tmp_path, "empty.json", ""))
     empty_list = '{\n    "apiVersion": "v1",\n    "items": [],\n    "kind": "List"\n}\n'
     assert read(write(tmp_path, "list.json", empty_list)) == []
 
@@ -269,17 +270,23 @@ def test_text_that_is_not_utf8(tmp_path: Path) -> None:
         read(path)
 
 
-def test_a_node_list_is_not_pods() -> None:
+def test_a_node_list_gives_node_rows_and_no_pods() -> None:
     path = PODS / "nodes.json"
-    e = error_of(path)
-    assert_names(e, path=path, line=4, field="items[0].kind")
-    assert "expected a Pod, PodList/List or watch event, got kind=Node" in e.message
+    assert read(path) == []
+    (row,) = list(read_kubectl_json(path, teams=TEAMS, node_ms=7))
+    assert isinstance(row, dict)
+    assert (row["name"], row["gpu_model"], row["gpu_capacity"]) == (
+        "gpu-h100-pool-2e91d-03",
+        "NVIDIA-H100-80GB-HBM3",
+        8,
+    )
+    assert row["updated_ms"] == 7
 
 
 @pytest.mark.parametrize(
     ("text", "line", "field", "got"),
     [
-        ('{"kind": "NodeList", "apiVersion": "v1", "items": []}', 1, "kind", "kind=NodeList"),
+        ('{"kind": "ServiceList", "apiVersion": "v1", "items": []}', 1, "kind", "kind=ServiceList"),
         (
             '\n{\n    "apiVersion": "v1",\n    "kind": "Service",\n    "spec": {}\n}\n',
             2,
@@ -288,7 +295,7 @@ def test_a_node_list_is_not_pods() -> None:
         ),
         ('{"metadata": {"name": "x"}}', 1, "kind", "an object without a kind"),
         ("\n\n[1, 2]\n", 3, None, "an array"),
-        ('{"type": "ADDED", "object": {"kind": "Node"}}', 1, "object.kind", "kind=Node"),
+        ('{"type": "ADDED", "object": {"kind": "Secret"}}', 1, "object.kind", "kind=Secret"),
     ],
 )
 def test_json_that_is_not_pods(
@@ -297,7 +304,7 @@ def test_json_that_is_not_pods(
     path = write(tmp_path, "x.json", text)
     e = error_of(path)
     assert_names(e, path=path, line=line, field=field)
-    assert e.message.endswith(f"expected a Pod, PodList/List or watch event, got {got}")
+    assert e.message.endswith(f"expected a Pod, a Node, a List of them or a watch event, got {got}")
 
 
 @pytest.mark.parametrize("key", ["uid", "name", "namespace"])

@@ -1,17 +1,20 @@
-"""Read `kubectl get pods -o json` files, and `--watch` streams, into `PodRecord`s.
+"""Read `kubectl get pods|nodes -o json` files, and `--watch` streams, into records.
 
 One reader takes every shape kubectl writes, in constant memory:
 
-- a list, `{"kind": "List" | "PodList", "items": [...]}` (`kubectl get pods -A -o json`);
-  its items are decoded one at a time, never the whole document;
-- a single Pod (`kubectl get pod NAME -o json`);
+- a list, `{"kind": "List" | "PodList" | "NodeList", "items": [...]}` (`kubectl get pods -A
+  -o json`, `kubectl get pods,nodes -o json`); its items are decoded one at a time, never
+  the whole document;
+- a single Pod or Node (`kubectl get pod NAME -o json`);
 - a stream of JSON objects back to back: watch events
   `{"type": "ADDED" | "MODIFIED" | "DELETED" | "BOOKMARK" | "ERROR", "object": {...}}`
-  (`--watch --output-watch-events`), or bare Pods (`--watch` alone).
+  (`--watch --output-watch-events`), or bare objects (`--watch` alone).
 
-Every pod object is one observation: the store merges observations of one UID. Pods that
-request no GPU are dropped, BOOKMARK events and unknown event types skipped. An ERROR
-event (the API's `410 Gone` Status), text that is not JSON, JSON that is not pods, and a pod
+Every pod object is one observation (a `PodRecord`): the store merges observations of one
+UID. Every Node object is a `nodes` row (`auditor.collect.nodes.node_row`) seen at
+`node_ms`. Pods that request no GPU are dropped, BOOKMARK events and unknown event types
+skipped. An ERROR
+event (the API's `410 Gone` Status), text that is not JSON, JSON that is not pods or nodes, and a
 field that cannot be read all raise `InputError` naming the file, the line and the field
 (`items[3].metadata.uid`). A field's line is the line of its bad value where that value
 can be found in the pod's text, else the line where the pod begins.
@@ -30,15 +33,46 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from auditor.collect.nodes import node_row
 from auditor.collect.workloads import PodFieldError, pod_record
 from auditor.errors import InputError, shown
 from auditor.model import PodRecord
 from auditor.settings import TeamRules
 
-LIST_KINDS = frozenset({"List", "PodList"})
-EXPECTED = "expected a Pod, PodList/List or watch event"
+LIST_KINDS = frozenset({"List", "PodList", "NodeList"})
+OBJECT_KINDS = frozenset({"Pod", "Node"})
+EXPECTED = "expected a Pod, a Node, a List of them or a watch event"
+NodeRow = dict[str, Any]
+KubectlRecord = PodRecord | NodeRow
+"""What a kubectl file gives: a pod observation, or a `nodes` row."""
 CHUNK_CHARS = 1 << 20
 """How much text one read takes; the window holds about this much plus one pod."""
+
+
+def read_kubectl_json(
+    path: Path,
+    *,
+    teams: TeamRules,
+    node_ms: int,
+    on_progress: Callable[[int], None] | None = None,
+    chunk_chars: int = CHUNK_CHARS,
+) -> Iterator[KubectlRecord]:
+    """Every GPU pod observation and every node in the file at `path`, in file order.
+
+    Nodes are rows seen at `node_ms`. `on_progress` is called with the number of bytes read
+    so far, after each read (a progress bar's total is the file's size). `chunk_chars` is
+    how much one read takes. Raises `InputError` at once when the file does not exist, and
+    while iterating for bad content.
+    """
+    name = check_file(path)
+    return _records(
+        path,
+        name=name,
+        teams=teams,
+        node_ms=node_ms,
+        on_progress=on_progress,
+        chunk_chars=max(1, chunk_chars),
+    )
 
 
 def read_kubectl_pods(
@@ -48,21 +82,30 @@ def read_kubectl_pods(
     on_progress: Callable[[int], None] | None = None,
     chunk_chars: int = CHUNK_CHARS,
 ) -> Iterator[PodRecord]:
-    """Every GPU pod observation in the file at `path`, in file order.
+    """The GPU pod observations of a JSON file, leaving out its nodes."""
+    records = read_kubectl_json(
+        path, teams=teams, node_ms=0, on_progress=on_progress, chunk_chars=chunk_chars
+    )
+    return (r for r in records if isinstance(r, PodRecord))
 
-    `on_progress` is called with the number of bytes read so far, after each read (a
-    progress bar's total is the file's size). `chunk_chars` is how much one read takes.
-    Raises `InputError` at once when the file does not exist, and while iterating for bad
-    content.
-    """
+
+def check_file(path: Path) -> str:
+    """The file's name for messages; `InputError` when it is missing or not a file."""
     name = str(path)
     if not path.exists():
         raise InputError("file does not exist", file=name)
     if not path.is_file():
         raise InputError("not a regular file", file=name)
-    return _records(
-        path, name=name, teams=teams, on_progress=on_progress, chunk_chars=max(1, chunk_chars)
-    )
+    return name
+
+
+def to_record(
+    obj: dict[str, Any], *, kind: str, teams: TeamRules, deleted: bool, node_ms: int
+) -> KubectlRecord | None:
+    """The record of one Pod or Node object; `PodFieldError` for a field it cannot read."""
+    if kind == "Node":
+        return node_row(obj, at_ms=node_ms)
+    return pod_record(obj, teams=teams, deleted=deleted)
 
 
 def _records(
@@ -70,9 +113,10 @@ def _records(
     *,
     name: str,
     teams: TeamRules,
+    node_ms: int,
     on_progress: Callable[[int], None] | None,
     chunk_chars: int,
-) -> Iterator[PodRecord]:
+) -> Iterator[KubectlRecord]:
     try:
         raw = path.open("rb")
     except OSError as e:
@@ -83,7 +127,9 @@ def _records(
         )
         for found in _pod_objects(text):
             try:
-                record = pod_record(found.pod, teams=teams, deleted=found.deleted)
+                record = to_record(
+                    found.pod, kind=found.kind, teams=teams, deleted=found.deleted, node_ms=node_ms
+                )
             except PodFieldError as e:
                 field = f"{found.prefix}.{e.field}" if found.prefix else e.field
                 line = text.line_of_value(e.value, found.start, found.end) or found.line
@@ -98,15 +144,16 @@ def _records(
 
 @dataclass(frozen=True, slots=True)
 class _Found:
-    """A pod object found in the text, with where it is."""
+    """A Pod or Node object found in the text, with where it is."""
 
     pod: dict[str, Any]
     prefix: str
-    """Path from the document to the pod: `items[3]`, `object`, or empty."""
+    """Path from the document to the object: `items[3]`, `object`, or empty."""
     line: int
     start: int
     end: int
     deleted: bool = False
+    kind: str = "Pod"
 
 
 def _pod_objects(text: _Window) -> Iterator[_Found]:
@@ -118,7 +165,7 @@ def _pod_objects(text: _Window) -> Iterator[_Found]:
         line = text.line_at(text.pos)
         if c != "{":
             value = text.value()
-            raise text.error(f"{EXPECTED}, got {_json_type(value)}", line=line)
+            raise text.error(f"{EXPECTED}, got {json_type(value)}", line=line)
         values += 1
         yield from _top_object(text, line)
     if values == 0:
@@ -143,7 +190,7 @@ def _top_object(text: _Window, line: int) -> Iterator[_Found]:
                 raise text.error("not valid JSON: expected a property name in double quotes")
             text.expect(":")
             if key == "items" and not streamed and text.peek() == "[":
-                kind = _kind(head)
+                kind = kind_of(head)
                 if kind is not None and kind not in LIST_KINDS:
                     raise text.error(f"{EXPECTED}, got kind={kind}", line=line, field="kind")
                 streamed = True
@@ -158,7 +205,7 @@ def _top_object(text: _Window, line: int) -> Iterator[_Found]:
             break
     start, end = text.anchor, text.pos
     text.anchor = None
-    kind = _kind(head)
+    kind = kind_of(head)
     if streamed or kind in LIST_KINDS or "items" in head:
         if kind is not None and kind not in LIST_KINDS:
             raise text.error(f"{EXPECTED}, got kind={kind}", line=line, field="kind")
@@ -195,7 +242,7 @@ def _items(text: _Window) -> Iterator[_Found]:
         return
 
 
-def _kind(obj: dict[str, Any]) -> str | None:
+def kind_of(obj: dict[str, Any]) -> str | None:
     """The `kind` of an object, shown as text when it is not a string (never unhashable)."""
     kind = obj.get("kind")
     if kind is None:
@@ -234,21 +281,33 @@ def _as_pod(
     end: int,
     deleted: bool = False,
 ) -> _Found:
-    """`obj` if it is a Pod: `kind: Pod`, or no kind (a raw API list's items) but a pod spec."""
-    field = f"{prefix}.kind" if prefix else "kind"
+    """`obj` if it is a Pod or a Node (`kind: Pod|Node`, or no kind but a pod spec: a raw
+    API list's items)."""
     if not isinstance(obj, dict):
-        raise text.error(f"{EXPECTED}, got {_json_type(obj)}", line=line, field=prefix or None)
-    kind = _kind(obj)
+        raise text.error(f"{EXPECTED}, got {json_type(obj)}", line=line, field=prefix or None)
+    try:
+        kind = object_kind(obj, prefix=prefix)
+    except InputError as e:
+        raise text.error(e.message, line=line, field=e.field) from None
+    return _Found(obj, prefix, line, start, end, deleted, kind)
+
+
+def object_kind(obj: dict[str, Any], *, prefix: str) -> str:
+    """`Pod` or `Node`, else `InputError` (with only a message and a field) saying what it
+    is. An object without a kind is a Pod when it has a pod spec."""
+    field = f"{prefix}.kind" if prefix else "kind"
+    kind = kind_of(obj)
     if kind is None:
         spec = obj.get("spec")
         if not (isinstance(spec, dict) and "containers" in spec):
-            raise text.error(f"{EXPECTED}, got an object without a kind", line=line, field=field)
-    elif kind != "Pod":
-        raise text.error(f"{EXPECTED}, got kind={kind}", line=line, field=field)
-    return _Found(obj, prefix, line, start, end, deleted)
+            raise InputError(f"{EXPECTED}, got an object without a kind", field=field)
+        return "Pod"
+    if kind not in OBJECT_KINDS:
+        raise InputError(f"{EXPECTED}, got kind={kind}", field=field)
+    return kind
 
 
-def _json_type(value: object) -> str:
+def json_type(value: object) -> str:
     if isinstance(value, list):
         return "an array"
     if isinstance(value, str):

@@ -5,6 +5,12 @@ The GPU model comes from the first label that names it: NVIDIA's GPU feature dis
 the sum of `nvidia.com/gpu` and every `nvidia.com/mig-*` resource, in capacity and in
 allocatable. A node is unschedulable when cordoned (`spec.unschedulable`) or tainted
 `node.kubernetes.io/unschedulable`.
+
+The node's labels are kept whole (string values only), so the sharing labels of SPEC §7
+(`nvidia.com/gpu.replicas`, `nvidia.com/gpu.sharing-strategy`, `nvidia.com/mig.config`)
+are stored with it; `SHARING_LABELS` names them. Text is fitted to the `nodes` columns
+(`auditor.limits`): a GPU model longer than the column is cut with a digest, a name that
+no column can hold is refused.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from auditor import limits
 from auditor.collect.workloads import PodFieldError, is_gpu_resource
 
 GPU_MODEL_LABELS = (
@@ -23,6 +30,12 @@ GPU_MODEL_LABELS = (
 """Labels that name a node's GPU model, most specific first."""
 
 UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
+SHARING_LABELS = (
+    "nvidia.com/gpu.replicas",
+    "nvidia.com/gpu.sharing-strategy",
+    "nvidia.com/mig.config",
+)
+"""The NVIDIA device plugin's and MIG manager's labels saying how a node's cards are shared."""
 
 
 def node_row(node: Mapping[str, Any], *, at_ms: int) -> dict[str, Any]:
@@ -33,16 +46,19 @@ def node_row(node: Mapping[str, Any], *, at_ms: int) -> dict[str, Any]:
     name = meta.get("name")
     if not isinstance(name, str) or not name:
         raise PodFieldError("a node needs a name", field="metadata.name", value=name)
+    if len(name) > limits.NAME_MAX or not limits.is_clean(name):
+        raise PodFieldError("not a node name", field="metadata.name", value=name)
     labels = {k: v for k, v in _obj(meta, "labels").items() if isinstance(v, str)}
     rv = meta.get("resourceVersion")
+    model = gpu_model(labels)
     return {
         "name": name,
-        "gpu_model": gpu_model(labels),
+        "gpu_model": None if model is None else limits.fit_text(model, limits.GPU_MODEL_MAX),
         "gpu_capacity": gpu_count(_obj(status, "capacity")),
         "gpu_allocatable": gpu_count(_obj(status, "allocatable")),
         "unschedulable": is_unschedulable(spec),
         "labels": labels,
-        "resource_version": rv if isinstance(rv, str) else None,
+        "resource_version": rv if isinstance(rv, str) and len(rv) <= limits.VERSION_MAX else None,
         "updated_ms": at_ms,
     }
 

@@ -519,9 +519,11 @@ _LEGACY_NAME_LABELS = {
 def _kubeflow_training(pod: PodView) -> Workload | None:
     """Kubeflow training-operator v1 jobs and MPIJob (current and pre-1.0 label sets).
 
-    Rank: a PyTorchJob's is its `RANK` environment value where the operator wrote one, else
-    master 0 and worker i → i+1 (the operator's numbering); the others' is the replica
-    index (an MPIJob launcher has none).
+    Rank: a PyTorchJob's is its `RANK` environment value where the operator wrote one (it
+    knows whether the job has a master), else 0 for the master; a worker without one is
+    left unranked here, as only the job's other pods tell whether a master exists: the store
+    settles it (`pytorch_worker_ranks`). The others' rank is the replica index (an MPIJob
+    launcher has none).
     """
     name = pod.meta("training.kubeflow.org/job-name")
     kind: str | None = None
@@ -539,30 +541,60 @@ def _kubeflow_training(pod: PodView) -> Workload | None:
     if kind is None:
         operator = pod.meta("training.kubeflow.org/operator-name") or ""
         kind = _OPERATOR_KINDS.get(operator)
-    role = (
-        pod.meta("training.kubeflow.org/replica-type")
-        or pod.meta("training.kubeflow.org/job-role")
-        or pod.meta("pytorch-replica-type")
-        or pod.meta("replica-type")
-        or ""
-    ).lower()
+    role, index = kubeflow_replica(pod.labels, pod.annotations)
     if kind is None:
         kind = "MPIJob" if role == "launcher" else "KubeflowJob"
-    index = (
-        pod.meta_int("training.kubeflow.org/replica-index")
-        if pod.meta("training.kubeflow.org/replica-index") is not None
-        else _as_int(pod.meta("pytorch-replica-index") or pod.meta("replica-index"))
-    )
     rank = index
     if kind == "PyTorchJob":
         if pod.env_rank is not None:
             rank = pod.env_rank
         elif role == "master":
             rank = 0
-        elif role == "worker" and index is not None:
-            rank = index + 1
+        elif role == "worker":
+            rank = None
     job = f"{kind}/{name}"
     return Workload(job, kind, WorkloadKind.TRAINING, _job_gang(pod, job), rank)
+
+
+def kubeflow_replica(
+    labels: Mapping[str, str], annotations: Mapping[str, str]
+) -> tuple[str, int | None]:
+    """A Kubeflow pod's replica type (lower case, "" when unknown) and replica index."""
+    view = PodView(uid="", name="", namespace="", labels=labels, annotations=annotations)
+    role = (
+        view.meta("training.kubeflow.org/replica-type")
+        or view.meta("training.kubeflow.org/job-role")
+        or view.meta("pytorch-replica-type")
+        or view.meta("replica-type")
+        or ""
+    ).lower()
+    index = (
+        view.meta_int("training.kubeflow.org/replica-index")
+        if view.meta("training.kubeflow.org/replica-index") is not None
+        else _as_int(view.meta("pytorch-replica-index") or view.meta("replica-index"))
+    )
+    return role, index
+
+
+def pytorch_worker_ranks(
+    pods: Sequence[tuple[str, int | None, Mapping[str, str], Mapping[str, str]]],
+) -> dict[str, int]:
+    """The ranks to store for the workers of one PyTorchJob, given all its stored pods as
+    (uid, rank, labels, annotations): SPEC §2.2, master 0 and workers 1..N, or workers
+    0..N-1 when the job has no master pod. Only ranks that no `RANK` value decided change:
+    unranked workers, and, once a master is seen, workers ranked as if there were none
+    (a worker's `RANK` is its index + 1 whenever the job has a master)."""
+    replicas = [(uid, rank, *kubeflow_replica(labels, ann)) for uid, rank, labels, ann in pods]
+    has_master = any(role == "master" for _, _, role, _ in replicas)
+    out: dict[str, int] = {}
+    for uid, rank, role, index in replicas:
+        if role != "worker" or index is None:
+            continue
+        if has_master and rank in (None, index):
+            out[uid] = index + 1
+        elif not has_master and rank is None:
+            out[uid] = index
+    return out
 
 
 def _volcano(pod: PodView) -> Workload | None:

@@ -65,22 +65,45 @@ def import_nvidia_smi(
     )
 
 
+@dataclass(frozen=True)
+class PodImportStats:
+    file: str
+    rows: int
+    """GPU pod records read (observations; the store merges those of one pod)."""
+    nodes: int
+    """Node rows stored."""
+    seconds: float
+
+
 def import_pods(
     url: str, path: Path, *, config: Config, progress: Progress | None = None
-) -> ImportStats:
-    """Import a kubectl pod list or watch stream in one transaction."""
-    from auditor.collect.kubectl_json import read_kubectl_pods
-    from auditor.store.writes import upsert_pods
+) -> PodImportStats:
+    """Import one kubectl file (JSON or YAML: pod and node lists, pods, nodes, watch
+    streams) in one transaction: all of it, or nothing on bad input. Nodes are stamped with
+    the file's modification time (`auditor.collect.kubectl_files`)."""
+    from auditor.collect.kubectl_files import read_kubectl
+    from auditor.model import PodRecord
+    from auditor.store.writes import upsert_nodes, upsert_pods
 
     started = time.perf_counter()
     engine = open_store(url)
     rows = 0
+    nodes: set[str] = set()
     with engine.begin() as conn:
-        records = read_kubectl_pods(path, teams=config.teams, on_progress=progress)
+        records = read_kubectl(path, teams=config.teams, on_progress=progress)
         for batch in batched(records, BATCH_ROWS):
-            upsert_pods(conn, batch)
-            rows += len(batch)
-    return ImportStats(str(path), rows, 0, time.perf_counter() - started)
+            pods = [r for r in batch if isinstance(r, PodRecord)]
+            node_rows = [r for r in batch if not isinstance(r, PodRecord)]
+            try:
+                upsert_pods(conn, pods)
+                upsert_nodes(conn, node_rows)
+            except InputError as e:  # a row no column holds: name the file it came from
+                if e.file is not None:
+                    raise
+                raise InputError(e.message, file=str(path), field=e.field) from e
+            rows += len(pods)
+            nodes.update(r["name"] for r in node_rows)
+    return PodImportStats(str(path), rows, len(nodes), time.perf_counter() - started)
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from auditor.errors import GpuConflictError, shown
 from auditor.model import GpuRecord, GpuSample, PodRecord
 from auditor.store.bounds import RowError, check_row
 from auditor.store.bulk import SAMPLE_COLUMNS, object_spans, write_rows
+from auditor.store.ranks import PYTORCH_JOB, settle_pytorch_ranks
 from auditor.store.schema import (
     audit_findings,
     audit_results,
@@ -257,6 +258,7 @@ def upsert_pods(conn: Connection, records: Iterable[PodRecord]) -> int:
     for row in rows:
         check_row(pods, row, what=f"pod {row['namespace']}/{row['name']}")
     conn.execute(stmt, rows)
+    settle_pytorch_ranks(conn, {r.job for r in merged.values() if r.job_kind == PYTORCH_JOB})
     return len(merged)
 
 
