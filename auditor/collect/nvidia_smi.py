@@ -42,7 +42,7 @@ from datetime import UTC, date, datetime, timedelta, timezone, tzinfo
 from functools import cache
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -538,7 +538,7 @@ _SAMPLE_FIELDS = (
 def _nullable(column: npt.NDArray[Any]) -> list[Any]:
     if column.dtype.kind == "f":
         return [None if math.isnan(v) else v for v in column.tolist()]
-    return column.tolist()
+    return list(column.tolist())
 
 
 def _pairs_block(pairs: list[tuple[GpuRecord, GpuSample]]) -> SampleBlock:
@@ -847,7 +847,7 @@ def _fast(state: _State, data: bytes, count: int) -> SampleBlock:
     ends = np.flatnonzero(buf == 10)
     n = len(ends)
     k = len(layout.names)
-    commas = np.flatnonzero(buf == 44)
+    commas: npt.NDArray[Any] = np.flatnonzero(buf == 44)
     if len(commas) != n * (k - 1):
         raise _Slow
     commas = commas.reshape(n, k - 1)
@@ -912,7 +912,7 @@ def _fast(state: _State, data: bytes, count: int) -> SampleBlock:
             names=list(range(k)),
             usecols=usecols,
             dtype=dtypes,
-            na_values={c: _MISSING_TOKENS for c in numeric_columns},
+            na_values=cast(Any, {c: _MISSING_TOKENS for c in numeric_columns}),
             keep_default_na=False,
             skipinitialspace=True,
             quoting=3,
@@ -947,11 +947,12 @@ def _fast(state: _State, data: bytes, count: int) -> SampleBlock:
     id_columns = [c for c in key_columns if c != throttle]
     if id_columns:
         groups = frame.groupby(id_columns, sort=False, dropna=False).ngroup().to_numpy(np.intp)
-        firsts = np.unique(groups, return_index=True)[1]
+        firsts: npt.NDArray[Any] = np.unique(groups, return_index=True)[1]
     else:
         groups = np.zeros(n, np.intp)
         firsts = np.zeros(1, np.intp)
     row_lines: list[int] | None = None
+    text_values = {c: frame[c].to_numpy(object) for c in text_columns}
     records: list[GpuRecord] = []
     cards = dict(reader._cards)
     lines_before = None if reader.gpu_lines is None else dict(reader.gpu_lines)
@@ -959,7 +960,7 @@ def _fast(state: _State, data: bytes, count: int) -> SampleBlock:
         for first_row in firsts.tolist():
             cells = [""] * k
             for c in text_columns:
-                cells[c] = frame[c].iat[first_row]
+                cells[c] = text_values[c][first_row]
             total = values[layout.memory_total[0]][first_row] if layout.memory_total else math.nan
             index = _index(cells, layout.index)
             uuid, index = _identity(cells, layout, index, node=reader.node)
@@ -997,11 +998,13 @@ def _fast(state: _State, data: bytes, count: int) -> SampleBlock:
         missing = np.array([_is_missing(c) for c in pd.unique(raw).tolist()])
         uniques = pd.unique(raw)
         codes = pd.Index(uniques).get_indexer(raw)
-        columns["throttle_reasons"] = np.where(missing[codes], None, raw)
+        throttled: npt.NDArray[Any] = raw.copy()
+        throttled[missing[codes]] = None
+        columns["throttle_reasons"] = throttled
     latest = int(ts_ms.max())
     if reader.clock.latest_ms is None or latest > reader.clock.latest_ms:
         reader.clock.latest_ms = latest
-    return SampleBlock(records, groups, ts_ms, columns)
+    return SampleBlock(records, groups.astype(np.intp), ts_ms, columns)
 
 
 def _data_lines(data: bytes, header: bytes | None, *, start: int) -> list[int]:
@@ -1042,7 +1045,7 @@ def _fast_timestamps(
         if offsets is None:
             raise _Slow
         utc_minute[i] = offsets
-    utc = utc_minute[inverse] + seconds * 1000 + millis
+    utc: npt.NDArray[np.int64] = utc_minute[inverse] + seconds * 1000 + millis
     if utc.min() < EARLIEST_MS or (
         clock.not_after_ms is not None and utc.max() > clock.not_after_ms
     ):
