@@ -212,12 +212,26 @@ def write_atomically(path: Path, text: str) -> None:
 
 @import_app.command("nvidia-smi")
 def import_nvidia_smi(
-    file: Annotated[Path, typer.Argument(help="Output of nvidia-smi --query-gpu=... --format=csv")],
-    node: Annotated[str, typer.Option("--node", help="Node the file was captured on.")],
+    files: Annotated[
+        list[Path],
+        typer.Argument(help="nvidia-smi --query-gpu=... --format=csv logs, one per node."),
+    ],
+    node: Annotated[
+        str | None,
+        typer.Option("--node", help="Node the files were captured on. Default: each file's name."),
+    ] = None,
     tz: Annotated[
         str | None,
         typer.Option(
             "--tz", help="The node's time zone (nvidia-smi prints local time). Default UTC."
+        ),
+    ] = None,
+    columns: Annotated[
+        str | None,
+        typer.Option(
+            "--columns",
+            help="Fields of a file without a header, as given to --query-gpu "
+            "(timestamp,uuid,utilization.gpu,memory.used).",
         ),
     ] = None,
     ignore_unknown_columns: Annotated[
@@ -225,23 +239,53 @@ def import_nvidia_smi(
         typer.Option("--ignore-unknown-columns", help="Skip columns this version does not know."),
     ] = False,
 ) -> None:
-    """Import GPU samples from an nvidia-smi CSV (any field order, with or without units)."""
+    """Import GPU samples from nvidia-smi CSVs (any field order, with or without units).
+
+    Each file is one transaction: a bad file is refused with its error and the others are
+    imported; the exit status is 2 if any was refused."""
     from auditor import jobs
 
-    with user_errors(), file_progress(file, file.name) as progress:
-        stats = jobs.import_nvidia_smi(
-            state.db_url,
-            file,
-            node=node,
-            tz=parse_tz(tz),
-            ignore_unknown_columns=ignore_unknown_columns,
-            progress=progress,
+    fields = None if columns is None else [c.strip() for c in columns.split(",")]
+    with user_errors():
+        zone = parse_tz(tz)
+    refused: list[str] = []
+    for file in files:
+        with user_errors() if len(files) == 1 else _refusals(refused, file):
+            with file_progress(file, file.name) as progress:
+                stats = jobs.import_nvidia_smi(
+                    state.db_url,
+                    file,
+                    node=node if node is not None else file.stem,
+                    tz=zone,
+                    ignore_unknown_columns=ignore_unknown_columns,
+                    progress=progress,
+                    columns=fields,
+                )
+            already = f" ({stats.already} already stored)" if stats.already else ""
+            typer.echo(
+                f"imported {stats.rows} samples of {stats.gpus} GPUs from {file} in "
+                f"{stats.seconds:.1f}s{already}"
+            )
+    if refused:
+        typer.echo(
+            f"auditor: error: {len(refused)} of {len(files)} files refused, nothing of them "
+            f"written: {terminal_safe(', '.join(refused))[:200]}",
+            err=True,
         )
-    already = f" ({stats.already} already stored)" if stats.already else ""
-    typer.echo(
-        f"imported {stats.rows} samples of {stats.gpus} GPUs from {file} in "
-        f"{stats.seconds:.1f}s{already}"
-    )
+        raise typer.Exit(2)
+
+
+@contextmanager
+def _refusals(refused: list[str], file: Path) -> Iterator[None]:
+    """One file of several: bad input is reported and the next file goes on; a store
+    that cannot be used stops the command."""
+    try:
+        with user_errors():
+            yield
+    except typer.Exit as e:
+        if e.exit_code != InputError.exit_code:
+            raise
+        refused.append(str(file))
 
 
 @import_app.command("pods")

@@ -16,6 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from auditor.collect import nvidia_smi
 from auditor.collect.nvidia_smi import known_fields, read_nvidia_smi
 from auditor.errors import InputError
 from auditor.model import GpuRecord, GpuSample
@@ -517,9 +518,7 @@ def test_progress_reports_bytes_read(tmp_path: Path) -> None:
     assert seen[-1] == path.stat().st_size
 
 
-def test_reads_lazily_in_constant_memory(tmp_path: Path) -> None:
-    path = _big_log(tmp_path / "big.csv", 30_000)
-    size = path.stat().st_size
+def _peak_reading(path: Path) -> tuple[int, int]:
     tracemalloc.start()
     try:
         count = 0
@@ -528,15 +527,25 @@ def test_reads_lazily_in_constant_memory(tmp_path: Path) -> None:
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert count == 30_000
-    assert peak < size / 2, (peak, size)
+    return count, peak
+
+
+def test_reads_lazily_in_constant_memory(tmp_path: Path) -> None:
+    small = _peak_reading(_big_log(tmp_path / "small.csv", 30_000))
+    big_path = _big_log(tmp_path / "big.csv", 150_000)
+    big = _peak_reading(big_path)
+    assert (small[0], big[0]) == (30_000, 150_000)
+    assert big[1] < small[1] * 1.5, (small, big)  # five times the file, not more memory
+    assert big[1] < 32 * 2**20  # a chunk of lines at a time
 
 
 def test_an_error_far_down_surfaces_only_when_reached(tmp_path: Path) -> None:
-    path = _write(tmp_path / "late.csv", HEADER + ROW * 3 + "garbage\n" + ROW)
+    path = _big_log(tmp_path / "late.csv", 30_000)
+    with path.open("a") as out:
+        out.write("garbage\n" + ROW)
     rows = read_nvidia_smi(path, node="n")
-    assert next(rows)[1].util == 38.0
-    with pytest.raises(InputError, match=":5: "):
+    assert next(rows)[1].util == 0.0
+    with pytest.raises(InputError, match=":30002: "):
         list(rows)
 
 
@@ -597,7 +606,7 @@ def logs(draw: st.DrawFn) -> Log:
             "timestamp": local.strftime("%Y/%m/%d %H:%M:%S.") + f"{ts_ms % 1000:03d}",
             "index": str(index),
             "uuid": uuid,
-            "pci.bus_id": "00000000:83:00.0",
+            "pci.bus_id": f"00000000:{index + 0x10:02X}:00.0",
             "name": model,
             "utilization.gpu": util,
             "memory.used": used,
@@ -619,6 +628,8 @@ def logs(draw: st.DrawFn) -> Log:
                 cells.append(value)
         lines.append(", ".join(cells))
         gpu = uuid if "uuid" in fields else f"node-a/{index}"
+        if "uuid" not in fields and "pci.bus_id" in fields:
+            gpu = f"node-a/00000000:{index + 0x10:02X}:00.0"
         total = total if "memory.total" in fields else None
         expected.append(
             (
@@ -653,3 +664,190 @@ def test_written_logs_read_back_equal(tmp_path_factory: pytest.TempPathFactory, 
     path = tmp_path_factory.mktemp("roundtrip") / "log.csv"
     path.write_bytes(text.encode())
     assert _read(path, tz=tz) == expected
+
+
+# --- GPU identity, --columns, what is not a CSV -------------------------------------------
+
+
+def test_gpus_named_by_uuid_without_index() -> None:
+    found = [(r.uuid, r.index, s.util) for r, s in _read(FIXTURES / "uuid_only.csv")]
+    assert found == [("GPU-aaaa", None, 38.0), ("GPU-bbbb", None, 0.0)]
+
+
+def test_gpus_named_by_pci_bus_id_on_their_node() -> None:
+    found = [(r.uuid, r.index) for r, _ in _read(FIXTURES / "pci_only.csv")]
+    assert found == [("node-a/00000000:83:00.0", None), ("node-a/00000000:84:00.0", None)]
+
+
+def test_log_without_gpu_columns_is_one_gpu_index_0() -> None:
+    rows = _read(FIXTURES / "one_gpu.csv")
+    assert [(r.uuid, r.index, s.util, s.memory_used_mib) for r, s in rows] == [
+        ("node-a/0", 0, 38.0, 575.0),
+        ("node-a/0", 0, 41.0, 575.0),
+    ]
+
+
+def test_headerless_log_with_its_columns_named() -> None:
+    path = FIXTURES / "headerless_columns.csv"
+    fields = ["timestamp", "uuid", "utilization.gpu", "memory.used", "memory.total"]
+    rows = list(read_nvidia_smi(path, node="node-a", columns=fields))
+    assert [(r.uuid, s.util, s.memory_used_mib, s.memory_total_mib) for r, s in rows] == [
+        ("GPU-aaaa", 38.0, 575.0, 81559.0),
+        ("GPU-bbbb", 0.0, 3.0, 81559.0),
+    ]
+    with pytest.raises(InputError, match="--columns"):
+        _read(path)  # five cells, not the default four
+    with pytest.raises(InputError) as caught:
+        list(read_nvidia_smi(path, node="n", columns=["timestamp", "gpu.magic"]))
+    assert caught.value.field == "gpu.magic"
+
+
+@pytest.mark.parametrize("fixture", ["table_output.txt", "query_q_output.txt"])
+def test_table_and_q_output_are_refused_as_not_csv(fixture: str) -> None:
+    """Cut from a real H200 capture (nvidia_gpu_exporter, MIT): `nvidia-smi` and `-q`."""
+    with pytest.raises(InputError) as caught:
+        _read(FIXTURES / fixture)
+    message = str(caught.value)
+    assert "not a CSV" in message
+    assert "nvidia-smi --query-gpu=timestamp,uuid,index,utilization.gpu" in message
+    assert len(message.splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("fixture", "field"),
+    [("power_only.csv", "utilization.gpu"), ("util_missing.csv", "utilization.gpu")],
+)
+def test_file_without_utilisation_names_it(fixture: str, field: str) -> None:
+    with pytest.raises(InputError) as caught:
+        _read(FIXTURES / fixture)
+    assert (caught.value.line, caught.value.field) == (1, field)
+    assert "missing required column 'utilization.gpu'" in str(caught.value)
+
+
+# --- the vectorised reader equals the row parser ------------------------------------------
+
+
+def _row_parser_only(
+    monkeypatch: pytest.MonkeyPatch, path: Path, **kwargs: object
+) -> list[tuple[GpuRecord, GpuSample]]:
+    with monkeypatch.context() as patch:
+        patch.setattr(nvidia_smi, "_fast_block", lambda *_: None)
+        return list(read_nvidia_smi(path, node="node-a", **kwargs))  # type: ignore[arg-type]
+
+
+def _fast_chunks(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Records, per chunk the fast path tried, whether it took it."""
+    taken: list[bool] = []
+    real = nvidia_smi._fast_block
+
+    def spy(*args: object) -> object:
+        block = real(*args)  # type: ignore[arg-type]
+        taken.append(block is not None)
+        return block
+
+    monkeypatch.setattr(nvidia_smi, "_fast_block", spy)
+    return taken
+
+
+def _variants(tmp_path: Path) -> list[Path]:
+    """Every fixture, each long enough for the fast path (past the first chunk)."""
+    out = []
+    for fixture in sorted(FIXTURES.glob("*.csv")):
+        text = fixture.read_bytes()
+        header, _, rest = text.partition(b"\n")
+        if not rest.strip() or fixture.name in ("power_only.csv", "util_missing.csv"):
+            continue
+        body = rest if header[:1].isalpha() else text
+        lines = body.rstrip(b"\n").split(b"\n") if not fixture.name.startswith("trunc") else []
+        if not lines or fixture.name == "berlin.csv":
+            continue
+        path = tmp_path / fixture.name
+        path.write_bytes(text.rstrip(b"\n") + b"\n" + b"\n".join(lines * 40) + b"\n")
+        out.append(path)
+    return out
+
+
+def test_fast_path_reads_what_the_row_parser_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    paths = _variants(tmp_path)
+    assert len(paths) >= 8
+    taken = _fast_chunks(monkeypatch)
+    for path in paths:
+        extra = {"columns": ["timestamp", "uuid", "utilization.gpu", "memory.used",
+                             "memory.total"]} if "headerless" in path.name else {}  # fmt: skip
+        fast = list(read_nvidia_smi(path, node="node-a", **extra))  # type: ignore[arg-type]
+        assert fast == _row_parser_only(monkeypatch, path, **extra), path.name
+    assert sum(taken) >= 8  # the fast path was taken, not only tried
+
+
+def test_fast_path_gives_the_row_parsers_error_line(tmp_path: Path) -> None:
+    path = _big_log(tmp_path / "bad.csv", 25_000)
+    text = path.read_text().splitlines(keepends=True)
+    text[15_000] = text[15_000].replace(" %", " MiB")
+    text.insert(12_000, HEADER)
+    text.insert(12_001, "\n")
+    path.write_text("".join(text))
+    with pytest.raises(InputError) as caught:
+        list(read_nvidia_smi(path, node="n"))
+    assert (caught.value.line, caught.value.field) == (15_003, "utilization.gpu")
+
+
+@settings(max_examples=60, deadline=None)
+@given(log=logs(), copies=st.integers(70, 90))
+def test_long_written_logs_read_the_same_on_both_paths(
+    tmp_path_factory: pytest.TempPathFactory, log: Log, copies: int
+) -> None:
+    """A generated log repeated past the first chunk: the fast path reads it as the row
+    parser does (same GPUs, values and None), repeats and all."""
+    text, expected, tz = log
+    lines = text.splitlines(keepends=True)
+    head = lines[:1] if lines[0][:1].isalpha() else []
+    body = lines[len(head) :]
+    path = tmp_path_factory.mktemp("long") / "log.csv"
+    path.write_bytes("".join(head + body * copies).encode())
+    with pytest.MonkeyPatch.context() as patch:
+        slow = _row_parser_only(patch, path, tz=tz)
+    assert list(read_nvidia_smi(path, node="node-a", tz=tz)) == slow == expected * copies
+
+
+# --- several files through the CLI --------------------------------------------------------
+
+
+def test_several_files_each_its_node_and_a_bad_one_refused_alone(tmp_path: Path) -> None:
+    from sqlalchemy import select
+    from typer.testing import CliRunner
+
+    from auditor.cli import app
+    from auditor.store.engine import make_engine
+    from auditor.store.schema import gpus
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "node-a.csv").write_bytes((FIXTURES / "default_header.csv").read_bytes())
+    (logs / "node-b.csv").write_bytes((FIXTURES / "uuid_only.csv").read_bytes())
+    (logs / "node-c.csv").write_bytes((FIXTURES / "table_output.txt").read_bytes())
+    url = f"sqlite:///{tmp_path / 'auditor.db'}"
+    files = [str(p) for p in sorted(logs.iterdir())]
+    result = CliRunner().invoke(app, ["--db", url, "import", "nvidia-smi", *files])
+    assert result.exit_code == 2, result.output
+    lines = result.output.splitlines()
+    assert lines[0].startswith("imported 4 samples of 2 GPUs from ")
+    assert lines[1].startswith("imported 2 samples of 2 GPUs from ")
+    assert lines[2].startswith(f"auditor: error: {logs / 'node-c.csv'}:1: not a CSV")
+    assert lines[3] == f"auditor: error: 1 of 3 files refused, nothing of them written: {files[2]}"
+    engine = make_engine(url)
+    with engine.connect() as conn:
+        stored = sorted(conn.execute(select(gpus.c.uuid, gpus.c.node)).all())
+    engine.dispose()
+    assert stored == [
+        ("GPU-aaaa", "node-b"),
+        ("GPU-bbbb", "node-b"),
+        ("node-a/0", "node-a"),
+        ("node-a/1", "node-a"),
+    ]
+    again = CliRunner().invoke(
+        app, ["--db", url, "import", "nvidia-smi", files[1], "--node", "node-b"]
+    )
+    assert again.exit_code == 0
+    assert "(2 already stored)" in again.output

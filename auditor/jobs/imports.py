@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import tzinfo
 from pathlib import Path
@@ -29,13 +29,21 @@ def import_nvidia_smi(
     tz: tzinfo | None = None,
     ignore_unknown_columns: bool = False,
     progress: Progress | None = None,
+    columns: Sequence[str] | None = None,
 ) -> ImportStats:
-    """Import one nvidia-smi CSV in one transaction: all of it, or nothing on bad input."""
+    """Import one nvidia-smi CSV in one transaction: all of it, or nothing on bad input.
+
+    The file is read a block of lines at a time, column by column, and each block goes to
+    the store as one bulk write (`auditor.store.bulk`): no object per sample."""
     from datetime import UTC
 
-    from auditor.collect.nvidia_smi import read_nvidia_smi
+    import numpy as np
+    import pandas as pd
+
+    from auditor.collect.nvidia_smi import read_nvidia_smi_blocks
     from auditor.model import GpuRecord
-    from auditor.store.writes import insert_samples, upsert_gpus
+    from auditor.store.bulk import frame_rows, write_rows
+    from auditor.store.writes import upsert_gpus
 
     started = time.perf_counter()
     engine = open_store(url)
@@ -44,7 +52,7 @@ def import_nvidia_smi(
     ids: dict[str, int] = {}
     lines: dict[str, int] = {}
     with engine.begin() as conn:
-        pairs = read_nvidia_smi(
+        blocks = read_nvidia_smi_blocks(
             path,
             node=node,
             tz=tz or UTC,
@@ -52,14 +60,20 @@ def import_nvidia_smi(
             on_progress=progress,
             gpu_lines=lines,
             not_after_ms=int((time.time() + FUTURE_MARGIN_S) * 1000),
+            columns=columns,
         )
-        for batch in batched(pairs, BATCH_ROWS):
-            new = [g for g, _ in batch if known.get(g.uuid) != g]
+        for block in blocks:
+            new = [g for g in block.records if known.get(g.uuid) != g]
             if new:  # a GPU stored on another node or as another model: refused, rolled back
                 ids.update(upsert_gpus(conn, new, file=str(path), lines=lines))
                 known.update((g.uuid, g) for g in new)
-            rows += insert_samples(conn, [s for _, s in batch], ids)
-            offered += len(batch)
+            gpu_of = np.array([ids[r.uuid] for r in block.records], np.int64)
+            frame = pd.DataFrame(
+                {"gpu_id": gpu_of[block.which], "ts_ms": block.ts_ms, **block.columns}
+            )
+            batch, spans, repeats = frame_rows(frame)
+            rows += write_rows(conn, batch, spans=spans, repeats=repeats)
+            offered += len(block)
     return ImportStats(
         str(path), rows, len(ids), time.perf_counter() - started, already=offered - rows
     )

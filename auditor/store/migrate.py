@@ -10,20 +10,21 @@ advisory lock on PostgreSQL, the write lock on SQLite).
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import cache
+from importlib import resources
+from typing import TYPE_CHECKING
 
-from alembic import command
-from alembic.autogenerate import compare_metadata
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, text
 
 from auditor.errors import StoreError
 from auditor.store.engine import make_engine
-from auditor.store.schema import metadata
+
+if TYPE_CHECKING:
+    from alembic.config import Config
 
 SCRIPT_LOCATION = "auditor:migrations"
 """Where env.py and versions/ live: the `migrations` directory of the installed package."""
@@ -36,6 +37,8 @@ _alembic_lock = threading.RLock()
 
 
 def _config(connection: Connection | None = None) -> Config:
+    from alembic.config import Config
+
     cfg = Config()
     cfg.set_main_option("script_location", SCRIPT_LOCATION)
     if connection is not None:
@@ -70,18 +73,24 @@ def _engine(target: Engine | str) -> Iterator[Engine]:
 
 def upgrade(target: Engine | str, revision: str = "head") -> None:
     """Bring the database up to `revision` (all of it in one transaction where DDL allows)."""
+    from alembic import command
+
     with _migrating(target) as connection:
         command.upgrade(_config(connection), revision)
 
 
 def downgrade(target: Engine | str, revision: str) -> None:
     """Take the database down to `revision`; "base" drops every table the migrations made."""
+    from alembic import command
+
     with _migrating(target) as connection:
         command.downgrade(_config(connection), revision)
 
 
 def current(target: Engine | str) -> str | None:
     """The revision the database is at, or None for a database never migrated."""
+    from alembic.runtime.migration import MigrationContext
+
     with _engine(target) as engine, engine.connect() as connection:
         rev: str | None = MigrationContext.configure(connection).get_current_revision()
         return rev
@@ -89,6 +98,8 @@ def current(target: Engine | str) -> str | None:
 
 def head() -> str:
     """The newest revision this auditor knows."""
+    from alembic.script import ScriptDirectory
+
     with _alembic_lock:
         rev: str | None = ScriptDirectory.from_config(_config()).get_current_head()
     if rev is None:  # only a broken installation lacks the versions/ directory
@@ -98,13 +109,26 @@ def head() -> str:
 
 def check_drift(target: Engine | str) -> list[str]:
     """What differs between the migrated database and `schema.metadata`; empty means none."""
+    from alembic.autogenerate import compare_metadata
+    from alembic.runtime.migration import MigrationContext
+
+    from auditor.store.schema import metadata
+
     with _engine(target) as engine, engine.connect() as connection:
         context = MigrationContext.configure(connection, opts={"compare_type": True})
         return [repr(diff) for diff in compare_metadata(context, metadata)]
 
 
 def ensure_current(target: Engine | str) -> None:
-    """Raise StoreError unless the database is at this auditor's head revision."""
+    """Raise StoreError unless the database is at this auditor's head revision.
+
+    The common case, a database at the head, is told without loading alembic (a second of
+    every command's start): the stored revision is read with one query and compared with
+    the head read from the revision files' `revision`/`down_revision` lines."""
+    if _cheap_head() is not None and _stored_revision(target) == _cheap_head():
+        return
+    from alembic.script import ScriptDirectory
+
     at = current(target)
     need = head()
     if at == need:
@@ -121,3 +145,40 @@ def ensure_current(target: Engine | str) -> None:
         f"database schema is at {at or 'no revision (never migrated)'}, this auditor needs {need}: "
         "run `auditor db upgrade`"
     )
+
+
+_REVISION_LINE = re.compile(r"^(revision|down_revision)\b[^=]*=\s*(.+?)\s*$", re.M)
+
+
+@cache
+def _cheap_head() -> str | None:
+    """The head revision from the revision files' text; None when they are not the plain
+    linear history this reads (alembic then decides)."""
+    revisions: set[str] = set()
+    parents: set[str] = set()
+    versions = resources.files("auditor").joinpath("migrations/versions")
+    for entry in versions.iterdir():
+        if not entry.name.endswith(".py") or entry.name.startswith("_"):
+            continue
+        found = dict(_REVISION_LINE.findall(entry.read_text("utf-8")))
+        revision, parent = found.get("revision"), found.get("down_revision")
+        if revision is None or parent is None:
+            return None
+        revisions.add(revision.strip("\"'"))
+        if parent != "None":
+            if not re.fullmatch(r"[\"'][\w-]+[\"']", parent):
+                return None  # a merge: a tuple of parents
+            parents.add(parent.strip("\"'"))
+    heads = revisions - parents
+    return heads.pop() if len(heads) == 1 else None
+
+
+def _stored_revision(target: Engine | str) -> str | None:
+    """The revision in alembic's version table, or None where there is none (or several)."""
+    with _engine(target) as engine, engine.connect() as connection:
+        try:
+            rows = connection.execute(text("SELECT version_num FROM alembic_version")).all()
+        except Exception:  # no such table: never migrated; alembic says the rest
+            connection.rollback()
+            return None
+    return str(rows[0][0]) if len(rows) == 1 else None

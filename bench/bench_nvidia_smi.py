@@ -1,0 +1,172 @@
+"""nvidia-smi CSV import speed, on SQLite and PostgreSQL: parse, end to end, bulk baseline.
+
+    .venv/bin/python bench/bench_nvidia_smi.py [--cards 1000] [--rows 10000]
+        [--databases sqlite,postgresql] [--cli-rows 70000]
+
+Writes one nvidia-smi log of CARDS x ROWS samples (`--query-gpu=timestamp,name,uuid,index,
+utilization.gpu,memory.used,memory.total,power.draw,temperature.gpu,clocks.sm`, with units,
+every card every 5 s), then for each database, in one run:
+- parse: `read_nvidia_smi_blocks` over the file, blocks dropped: parsing alone;
+- import: `jobs.import_nvidia_smi` into a fresh migrated store: end to end, one transaction;
+- baseline: the same rows, prepared as tuples beforehand, by `bulk.write_rows` into another
+  fresh store: what the store alone costs, against which the import's throughput is a ratio;
+- cli: `auditor import nvidia-smi` of a CLI_ROWS-row file as a subprocess (a fresh process of
+  this tree's code, SQLite): wall time including process start.
+PostgreSQL is a throwaway server started as the tests start theirs. Prints figures and ratios
+from one run: the machines are shared, so compare within a run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))
+
+HEADER = (
+    "timestamp, name, uuid, index, utilization.gpu [%], memory.used [MiB], "
+    "memory.total [MiB], power.draw [W], temperature.gpu, clocks.sm [MHz]\n"
+)
+
+
+def write_log(path: Path, *, cards: int, rows: int) -> int:
+    """CARDS cards sampled ROWS times, 5 s apart, in nvidia-smi's csv format."""
+    import datetime as dt
+
+    start = dt.datetime(2026, 6, 24)
+    uuids = [f"GPU-{c:08x}-1c2d-4e5f-8a9b-{c * 7919 % 16**12:012x}" for c in range(cards)]
+    with path.open("w") as out:
+        out.write(HEADER)
+        for r in range(rows):
+            stamp = (start + dt.timedelta(seconds=5 * r)).strftime("%Y/%m/%d %H:%M:%S")
+            out.writelines(
+                f"{stamp}.{(c * 3) % 1000:03d}, NVIDIA H100 80GB HBM3, {uuids[c]}, {c % 8}, "
+                f"{(r + c) % 101} %, {(r * 37 + c) % 81559} MiB, 81559 MiB, "
+                f"{(r + c) % 700}.{c % 100:02d} W, {30 + (r + c) % 50}, {1980 - c % 400} MHz\n"
+                for c in range(cards)
+            )
+    return cards * rows
+
+
+def parse_only(path: Path) -> float:
+    from auditor.collect.nvidia_smi import read_nvidia_smi_blocks
+
+    started = time.perf_counter()
+    for _ in read_nvidia_smi_blocks(path, node="bench"):
+        pass
+    return time.perf_counter() - started
+
+
+def end_to_end(url: str, path: Path) -> float:
+    from auditor import jobs
+
+    started = time.perf_counter()
+    stats = jobs.import_nvidia_smi(url, path, node="bench")
+    assert stats.already == 0
+    return time.perf_counter() - started
+
+
+def baseline(url: str, path: Path) -> float:
+    """Rows prepared as tuples first; only `bulk.write_rows` is timed."""
+    import numpy as np
+    import pandas as pd
+
+    from auditor.collect.nvidia_smi import read_nvidia_smi_blocks
+    from auditor.jobs.common import open_store
+    from auditor.store.bulk import frame_rows, write_rows
+    from auditor.store.writes import upsert_gpus
+
+    engine = open_store(url)
+    prepared = []
+    with engine.begin() as conn:
+        ids: dict[str, int] = {}
+        for block in read_nvidia_smi_blocks(path, node="bench"):
+            ids.update(upsert_gpus(conn, [r for r in block.records if r.uuid not in ids]))
+            gpu_of = np.array([ids[r.uuid] for r in block.records], np.int64)
+            frame = pd.DataFrame({"gpu_id": gpu_of[block.which], "ts_ms": block.ts_ms,
+                                  **block.columns})  # fmt: skip
+            prepared.append(frame_rows(frame))
+    started = time.perf_counter()
+    with engine.begin() as conn:
+        for rows, spans, repeats in prepared:
+            write_rows(conn, rows, spans=spans, repeats=repeats)
+    seconds = time.perf_counter() - started
+    engine.dispose()
+    return seconds
+
+
+def cli_wall(tmp: Path, rows: int) -> float:
+    path = tmp / "node-cli.csv"
+    write_log(path, cards=8, rows=rows // 8)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    db = f"sqlite:///{tmp / 'cli.db'}"
+    command = [sys.executable, "-c", "from auditor.cli import main; main()",
+               "--db", db, "import", "nvidia-smi", str(path)]  # fmt: skip
+
+    started = time.perf_counter()
+    subprocess.run(command, check=True, env=env, capture_output=True)
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--cards", type=int, default=1000)
+    parser.add_argument("--rows", type=int, default=10_000)
+    parser.add_argument("--databases", default="sqlite,postgresql")
+    parser.add_argument("--cli-rows", type=int, default=70_000)
+    args = parser.parse_args()
+    databases = args.databases.split(",")
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        log = tmp / "node.csv"
+        started = time.perf_counter()
+        n = write_log(log, cards=args.cards, rows=args.rows)
+        print(f"log: {n:,} samples, {log.stat().st_size / 2**20:,.0f} MiB, "
+              f"written in {time.perf_counter() - started:.0f} s")  # fmt: skip
+        parse_s = parse_only(log)
+        print(f"parse:    {parse_s:6.1f} s  {n / parse_s:,.0f} samples/s")
+        server = None
+        try:
+            urls = {"sqlite": lambda label: f"sqlite:///{tmp / label}.db"}
+            if "postgresql" in databases:
+                from pgserver import find_bindir, start_server
+
+                if find_bindir() is None:
+                    print("postgresql: skipped (no server binaries found)")
+                    databases.remove("postgresql")
+                else:
+                    server = start_server()
+                    from auditor.store import migrate
+
+                    def fresh_pg(label: str) -> str:
+                        assert server is not None
+                        server.admin(f"CREATE DATABASE {label}")
+                        url = server.url(label)
+                        migrate.upgrade(url)
+                        return url
+
+                    urls["postgresql"] = fresh_pg
+            for name in databases:
+                import_s = end_to_end(urls[name](f"import_{name}"), log)
+                base_s = baseline(urls[name](f"base_{name}"), log)
+                print(f"\n{name}:")
+                rate = f"{n / import_s:,.0f}"
+                print(f"  import:   {import_s:6.1f} s  {rate} samples/s end to end")
+                print(f"  baseline: {base_s:6.1f} s  {n / base_s:,.0f} samples/s bulk.write_rows")
+                print(f"  import / baseline throughput: {base_s / import_s:.0%}")
+        finally:
+            if server is not None:
+                server.stop()
+        wall = cli_wall(tmp, args.cli_rows)
+        print(f"\ncli: auditor import nvidia-smi of {args.cli_rows:,} rows: {wall:.2f} s wall")
+
+
+if __name__ == "__main__":
+    main()
