@@ -248,44 +248,52 @@ def import_nvidia_smi(
     fields = None if columns is None else [c.strip() for c in columns.split(",")]
     with user_errors():
         zone = parse_tz(tz)
+
+    def one(file: Path) -> None:
+        with file_progress(file, file.name) as progress:
+            stats = jobs.import_nvidia_smi(
+                state.db_url,
+                file,
+                node=node if node is not None else file.stem,
+                tz=zone,
+                ignore_unknown_columns=ignore_unknown_columns,
+                progress=progress,
+                columns=fields,
+            )
+        already = f" ({stats.already} already stored)" if stats.already else ""
+        typer.echo(
+            f"imported {stats.rows} samples of {stats.gpus} GPUs from {file} in "
+            f"{stats.seconds:.1f}s{already}"
+        )
+
+    each_file(files, one)
+
+
+def each_file(files: list[Path], one: Callable[[Path], None]) -> None:
+    """Import each file in its own transaction. A file refused for its content is named with
+    its one-line error and the next goes on; a store that cannot be used, or Ctrl-C, stops
+    the command. With several files a summary ends it; exit 2 if any was refused."""
     refused: list[str] = []
     for file in files:
-        with user_errors() if len(files) == 1 else _refusals(refused, file):
-            with file_progress(file, file.name) as progress:
-                stats = jobs.import_nvidia_smi(
-                    state.db_url,
-                    file,
-                    node=node if node is not None else file.stem,
-                    tz=zone,
-                    ignore_unknown_columns=ignore_unknown_columns,
-                    progress=progress,
-                    columns=fields,
-                )
-            already = f" ({stats.already} already stored)" if stats.already else ""
-            typer.echo(
-                f"imported {stats.rows} samples of {stats.gpus} GPUs from {file} in "
-                f"{stats.seconds:.1f}s{already}"
-            )
+        try:
+            with user_errors():
+                one(file)
+        except typer.Exit as e:
+            if e.exit_code != InputError.exit_code:
+                raise
+            refused.append(file.name)
     if refused:
-        typer.echo(
-            f"auditor: error: {len(refused)} of {len(files)} files refused, nothing of them "
-            f"written: {terminal_safe(', '.join(refused))[:200]}",
-            err=True,
-        )
-        raise typer.Exit(2)
-
-
-@contextmanager
-def _refusals(refused: list[str], file: Path) -> Iterator[None]:
-    """One file of several: bad input is reported and the next file goes on; a store
-    that cannot be used stops the command."""
-    try:
-        with user_errors():
-            yield
-    except typer.Exit as e:
-        if e.exit_code != InputError.exit_code:
-            raise
-        refused.append(str(file))
+        if len(files) > 1:
+            names = terminal_safe(", ".join(refused))
+            names = names if len(names) <= 160 else f"{names[:160]}…"
+            typer.echo(
+                f"auditor: error: {len(refused)} of {len(files)} files refused "
+                f"(nothing of them written): {names}",
+                err=True,
+            )
+        raise typer.Exit(InputError.exit_code)
+    if len(files) > 1:
+        typer.echo(f"{len(files)} files imported")
 
 
 @import_app.command("pods")
@@ -305,28 +313,15 @@ def import_pods(
     non-zero."""
     from auditor import jobs
 
-    imported = refused = worst = 0
-    for file in files:
-        try:
-            with user_errors(), file_progress(file, file.name) as progress:
-                stats = jobs.import_pods(
-                    state.db_url, file, config=state.config(), progress=progress
-                )
-        except typer.Exit as e:
-            if e.exit_code == 130:  # interrupted: stop, do not go on to the next file
-                raise
-            refused += 1
-            worst = max(worst, e.exit_code)
-            continue
-        imported += 1
+    def one(file: Path) -> None:
+        with file_progress(file, file.name) as progress:
+            stats = jobs.import_pods(state.db_url, file, config=state.config(), progress=progress)
         typer.echo(
             f"imported {stats.rows} GPU pod records and {stats.nodes} nodes from {file} in "
             f"{stats.seconds:.1f}s"
         )
-    if len(files) > 1:
-        typer.echo(f"{imported} files imported, {refused} refused")
-    if refused:
-        raise typer.Exit(worst)
+
+    each_file(files, one)
 
 
 @import_app.command("prometheus")

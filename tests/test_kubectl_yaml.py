@@ -255,7 +255,7 @@ def test_several_files_one_bad_is_refused_and_the_rest_imported(tmp_path: Path) 
     assert lines[0].startswith(f"imported 7 GPU pod records and 0 nodes from {good} in ")
     assert lines[1].startswith(f"auditor: error: {bad}:")
     assert lines[2].startswith(f"imported 0 GPU pod records and 1 nodes from {nodes_file} in ")
-    assert lines[3] == "2 files imported, 1 refused"
+    assert lines[3] == "auditor: error: 1 of 3 files refused (nothing of them written): bad.yaml"
     engine = make_engine(db)
     with engine.connect() as conn:
         names = set(conn.execute(select(pods.c.name)).scalars())
