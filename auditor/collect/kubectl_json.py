@@ -253,18 +253,11 @@ def kind_of(obj: dict[str, Any]) -> str | None:
 def _watch_event(
     text: _Window, event: dict[str, Any], *, line: int, start: int, end: int
 ) -> _Found | None:
-    kind = event["type"] if isinstance(event["type"], str) else shown(event["type"])
+    kind = event_type(event)
     obj = event["object"]
     if kind == "ERROR":
-        status = obj if isinstance(obj, dict) else {}
-        reason = " ".join(str(status[k])[:40] for k in ("code", "reason") if status.get(k))
-        message = str(status.get("message") or "no message")[:160]
-        raise text.error(
-            f"the watch stream reported an error: {reason + ': ' if reason else ''}{message}",
-            line=line,
-            field="object",
-        )
-    if kind not in ("ADDED", "MODIFIED", "DELETED"):
+        raise text.error(watch_error(obj), line=line, field="object")
+    if kind not in CHANGE_EVENTS:
         return None  # BOOKMARK carries no pod; unknown types are skipped, as the API asks
     return _as_pod(
         text, obj, prefix="object", line=line, start=start, end=end, deleted=kind == "DELETED"
@@ -290,6 +283,24 @@ def _as_pod(
     except InputError as e:
         raise text.error(e.message, line=line, field=e.field) from None
     return _Found(obj, prefix, line, start, end, deleted, kind)
+
+
+CHANGE_EVENTS = frozenset({"ADDED", "MODIFIED", "DELETED"})
+"""Watch event types that carry an object; BOOKMARK and unknown ones are skipped."""
+
+
+def event_type(event: dict[str, Any]) -> str:
+    """A watch event's `type`, shown as text when it is not a string."""
+    kind = event["type"]
+    return kind if isinstance(kind, str) else shown(kind)
+
+
+def watch_error(obj: object) -> str:
+    """The message for a watch stream's ERROR event (the API's Status, e.g. 410 Gone)."""
+    status = obj if isinstance(obj, dict) else {}
+    reason = " ".join(str(status[k])[:40] for k in ("code", "reason") if status.get(k))
+    message = str(status.get("message") or "no message")[:160]
+    return f"the watch stream reported an error: {reason + ': ' if reason else ''}{message}"
 
 
 def object_kind(obj: dict[str, Any], *, prefix: str) -> str:

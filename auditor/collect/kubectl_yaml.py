@@ -35,13 +35,16 @@ from typing import Any
 import yaml  # type: ignore[import-untyped]
 
 from auditor.collect.kubectl_json import (
+    CHANGE_EVENTS,
     EXPECTED,
     LIST_KINDS,
     KubectlRecord,
     check_file,
+    event_type,
     kind_of,
     object_kind,
     to_record,
+    watch_error,
 )
 from auditor.collect.workloads import PodFieldError
 from auditor.errors import InputError, shown
@@ -209,18 +212,11 @@ def _items(events: _Events) -> Iterator[_Found]:
 def _watch_event(
     events: _Events, event: dict[str, Any], built: _Built, *, line: int
 ) -> _Found | None:
-    kind = event["type"] if isinstance(event["type"], str) else shown(event["type"])
+    kind = event_type(event)
     obj = event["object"]
     if kind == "ERROR":
-        status = obj if isinstance(obj, dict) else {}
-        reason = " ".join(str(status[k])[:40] for k in ("code", "reason") if status.get(k))
-        message = str(status.get("message") or "no message")[:160]
-        raise events.error(
-            f"the watch stream reported an error: {reason + ': ' if reason else ''}{message}",
-            line=line,
-            field="object",
-        )
-    if kind not in ("ADDED", "MODIFIED", "DELETED"):
+        raise events.error(watch_error(obj), line=line, field="object")
+    if kind not in CHANGE_EVENTS:
         return None  # BOOKMARK carries no object; unknown types are skipped, as the API asks
     found = _as_object(events, obj, built, prefix="object", line=line)
     return _Found(found.obj, found.kind, found.prefix, line, built, deleted=kind == "DELETED")

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("auditor.watch")
 T = TypeVar("T")
+R = TypeVar("R")
 Describe = Callable[[T], str]
 
 CHANGES = frozenset({"ADDED", "MODIFIED", "DELETED"})
@@ -78,6 +79,35 @@ class _StoreSink:
     def _skip(self, what: str, error: object, *, reason: str) -> None:
         log.warning("skipping %s: %s", what, error, extra={"reason": reason})
         self.on_skip(reason)
+
+    def _commit(
+        self,
+        items: list[T],
+        write: Callable[[Connection, list[T]], object],
+        what: Describe[T],
+        *,
+        resource_version: str,
+        at_ms: int,
+        then: Callable[[Connection], R] | None = None,
+    ) -> tuple[list[T], R | None]:
+        """Write `items`, then `then` (if given) and the cursor, in one transaction; returns
+        the items written and what `then` returned. A batch the database refuses for its
+        data is written again one item per transaction, the refused ones skipped, and then
+        the rest: the cursor moves on, a poisoned batch is never retried forever."""
+        try:
+            with self._transaction() as conn:
+                write(conn, items)
+                after = then(conn) if then is not None else None
+                self._save_cursor(conn, resource_version, at_ms)
+            return items, after
+        except StoreError as e:
+            if not is_data_error(e.__cause__):
+                raise
+        written = self._write_each(items, write, what)
+        with self._transaction() as conn:
+            after = then(conn) if then is not None else None
+            self._save_cursor(conn, resource_version, at_ms)
+        return written, after
 
     def _write_each(
         self, items: Sequence[T], write: Callable[[Connection, list[T]], object], what: Describe[T]
@@ -164,22 +194,16 @@ class PodSink(_StoreSink):
         records = [r for r in (self._record(i) for i in items) if r is not None]
         # a listed pod that was skipped still exists: it must not be closed as gone
         listed = {r.uid for r in records} | {u for u in map(_uid, items) if u is not None}
-        try:
-            with self._transaction() as conn:
-                upsert_pods(conn, records)
-                gone = close_missing_pods(
-                    conn, listed_uids=listed, at_ms=at_ms, in_scope=self.in_scope
-                )
-                self._save_cursor(conn, resource_version, at_ms)
-        except StoreError as e:
-            if not is_data_error(e.__cause__):
-                raise
-            records = self._write_each(records, upsert_pods, _describe_record)
-            with self._transaction() as conn:
-                gone = close_missing_pods(
-                    conn, listed_uids=listed, at_ms=at_ms, in_scope=self.in_scope
-                )
-                self._save_cursor(conn, resource_version, at_ms)
+        records, gone = self._commit(
+            records,
+            upsert_pods,
+            _describe_record,
+            resource_version=resource_version,
+            at_ms=at_ms,
+            then=lambda conn: close_missing_pods(
+                conn, listed_uids=listed, at_ms=at_ms, in_scope=self.in_scope
+            ),
+        )
         if gone:
             log.info(
                 "closed %d pods gone while unwatched", len(gone), extra={"rv": resource_version}
@@ -202,16 +226,13 @@ class PodSink(_StoreSink):
             )
             if rec is not None:
                 records.append(rec)
-        try:
-            with self._transaction() as conn:
-                upsert_pods(conn, records)
-                self._save_cursor(conn, resource_version, at_ms)
-        except StoreError as e:
-            if not is_data_error(e.__cause__):
-                raise
-            records = self._write_each(records, upsert_pods, _describe_record)
-            with self._transaction() as conn:
-                self._save_cursor(conn, resource_version, at_ms)
+        records, _ = self._commit(
+            records,
+            upsert_pods,
+            _describe_record,
+            resource_version=resource_version,
+            at_ms=at_ms,
+        )
         return len(records)
 
     @staticmethod
@@ -267,16 +288,13 @@ class NodeSink(_StoreSink):
     def _write(self, rows: list[dict[str, Any]], resource_version: str, at_ms: int) -> int:
         from auditor.store.writes import upsert_nodes
 
-        try:
-            with self._transaction() as conn:
-                upsert_nodes(conn, rows)
-                self._save_cursor(conn, resource_version, at_ms)
-        except StoreError as e:
-            if not is_data_error(e.__cause__):
-                raise
-            rows = self._write_each(rows, upsert_nodes, lambda r: f"node {r.get('name')}")
-            with self._transaction() as conn:
-                self._save_cursor(conn, resource_version, at_ms)
+        rows, _ = self._commit(
+            rows,
+            upsert_nodes,
+            lambda r: f"node {shown(r.get('name'), 80)}",
+            resource_version=resource_version,
+            at_ms=at_ms,
+        )
         return len(rows)
 
 
