@@ -202,6 +202,8 @@ def _index(cells: Sequence[str], column: int | None) -> int | None:
         return None
     if not (cell.isascii() and cell.isdigit()):
         raise _BadCell(column, f"expected a GPU index like 0, found {shown(cell)}")
+    if len(cell) > 6:  # int() of a 10,000-digit cell raises; no node has a million GPUs
+        raise _BadCell(column, f"GPU index out of range: {shown(cell)}")
     return int(cell)
 
 
