@@ -92,8 +92,7 @@ class GpuConflictError(InputError):
         if field == "node":
             message = (
                 f"GPU {uuid} is already recorded on node {stored!r}, not {new!r}; nothing was "
-                "written: check the node name (--node of an nvidia-smi import; for "
-                "Prometheus, the label that names the node: --node-label). A GPU UUID is one "
+                "written: check --node (for Prometheus, --node-label). A GPU UUID is one "
                 "physical card and its samples stay on the node that took them (README: 'A "
                 "GPU on two nodes')"
             )

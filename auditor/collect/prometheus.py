@@ -690,9 +690,7 @@ def describe_sources(nodes: Mapping[str, int], utils: Mapping[str, int]) -> str:
     def gpus(n: int) -> str:
         return f"{n} GPU" if n == 1 else f"{n} GPUs"
 
-    parts = [
-        source if len(nodes) == 1 else f"{source} ({gpus(n)})" for source, n in nodes.items()
-    ]
+    parts = [source if len(nodes) == 1 else f"{source} ({gpus(n)})" for source, n in nodes.items()]
     text = f"nodes from {', '.join(parts)}" if parts else ""
     if "Hostname" in nodes:
         text += f" ({HOSTNAME_CAVEAT})"
