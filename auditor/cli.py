@@ -295,6 +295,7 @@ def import_prometheus(
         list[str] | None,
         typer.Option(
             "--node-label",
+            metavar="<str>",
             help="Label naming the node, first present wins; repeatable "
             "(default kubernetes_node, node, nodename; else kube_pod_info, else Hostname).",
         ),
