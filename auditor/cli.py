@@ -357,10 +357,19 @@ def import_prometheus(
     timeout: Annotated[
         str, typer.Option("--timeout", help="Longest one query may take, to its last byte.")
     ] = "60s",
+    node_label: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--node-label",
+            metavar="<str>",
+            help="Label naming the node, first present wins; repeatable "
+            "(default kubernetes_node, node, nodename; else kube_pod_info, else Hostname).",
+        ),
+    ] = None,
 ) -> None:
     """Import dcgm-exporter GPU samples, and the pod holding each GPU, from Prometheus."""
     from auditor import jobs
-    from auditor.collect.prometheus import credentials
+    from auditor.collect.prometheus import credentials, describe_sources
 
     with user_errors():
         window = parse_window(start, end, since)
@@ -381,11 +390,14 @@ def import_prometheus(
             step_s=step_s,
             auth=auth,
             timeout_s=timeout_s,
+            node_labels=node_label or None,
         )
+    sources = describe_sources(stats.node_sources, stats.util_sources)
     typer.echo(
         f"imported {stats.samples} samples of {stats.gpus} GPUs and {stats.holdings} GPU -> pod "
         f"assignments from {redact(url)} in {stats.seconds:.1f}s"
         + (f" ({stats.already} samples already stored)" if stats.already else "")
+        + (f"; {terminal_safe(sources)}" if sources else "")
     )
     if stats.unresolved:
         typer.echo(

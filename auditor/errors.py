@@ -92,9 +92,9 @@ class GpuConflictError(InputError):
         if field == "node":
             message = (
                 f"GPU {uuid} is already recorded on node {stored!r}, not {new!r}; nothing was "
-                "written: check the node name (--node, or the exporter's Hostname label). A "
-                "GPU UUID is one physical card and its samples stay on the node that took "
-                "them (README: 'A GPU on two nodes')"
+                "written: check --node (for Prometheus, --node-label). A GPU UUID is one "
+                "physical card and its samples stay on the node that took them (README: 'A "
+                "GPU on two nodes')"
             )
         else:
             message = (

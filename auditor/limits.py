@@ -34,6 +34,8 @@ VERSION_MAX = 64
 GPU_UUID_MAX = 128
 GPU_MODEL_MAX = 128
 THROTTLE_MAX = 64
+UTIL_SOURCE_MAX = 64
+"""The metric or reader a GPU's utilisation came from (`DCGM_FI_PROF_GR_ENGINE_ACTIVE`, `nvml`)."""
 
 MAX_GPUS_PER_POD = 100_000
 """More GPU units than any node has, even counted as gpu-milli or time-slicing replicas; a

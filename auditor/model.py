@@ -61,6 +61,9 @@ class GpuRecord:
     model: str | None = None
     memory_total_mib: float | None = None
     parent_uuid: str | None = None
+    util_source: str | None = None
+    """Where its utilisation came from: `DCGM_FI_DEV_GPU_UTIL`, `DCGM_FI_PROF_GR_ENGINE_ACTIVE`
+    (MIG instances have only that), `nvml`, `nvidia-smi`; None where not said."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ import socket
 import subprocess
 import time
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +42,23 @@ class Card:
     mig_instance: int | None = None
     holders: Sequence[tuple[int, int, str, str]] = field(default_factory=tuple)
     profiling: bool = False
+    extra: Mapping[str, str] = field(default_factory=dict)
+    """More labels (what Prometheus relabelling adds: `kubernetes_node`)."""
+    hostnames: Sequence[tuple[int, int, str]] = field(default_factory=tuple)
+    """[start_s, end_s) -> Hostname where it changes (an exporter pod replaced); the card
+    exports nothing outside these spans. Empty: `hostname` always."""
+    only: frozenset[str] | None = None
+    """The metrics this card exports (a MIG instance: GR_ENGINE_ACTIVE only); None: all."""
+
+    def hostname_at(self, t: int) -> str | None:
+        if not self.hostnames:
+            return self.hostname
+        return next((h for start, end, h in self.hostnames if start <= t < end), None)
+
+    def exports(self, metric: str) -> bool:
+        if self.only is not None:
+            return metric in self.only
+        return self.profiling or not metric.startswith("DCGM_FI_PROF_")
 
     def labels(self, t: int) -> str:
         parts = [
@@ -49,7 +66,8 @@ class Card:
             f'UUID="{self.uuid}"',
             f'device="nvidia{self.gpu}"',
             f'modelName="{self.model}"',
-            f'Hostname="{self.hostname}"',
+            f'Hostname="{self.hostname_at(t)}"',
+            *(f'{k}="{v}"' for k, v in self.extra.items()),
         ]
         if self.mig_instance is not None:
             parts += [f'GPU_I_ID="{self.mig_instance}"', 'GPU_I_PROFILE="1g.10gb"']
@@ -62,6 +80,17 @@ class Card:
 Value = Callable[[Card, int], float]
 
 
+@dataclass(frozen=True)
+class Plain:
+    """Any other gauge series (kube-state-metrics' `kube_pod_info`): 1 over [start_s, end_s)."""
+
+    name: str
+    labels: Mapping[str, str]
+    start_s: int
+    end_s: int
+    value: float = 1.0
+
+
 def write_dcgm_openmetrics(
     out: TextIO,
     cards: Sequence[Card],
@@ -70,16 +99,30 @@ def write_dcgm_openmetrics(
     end_s: int,
     interval_s: int,
     metrics: dict[str, Value],
+    plain: Sequence[Plain] = (),
 ) -> int:
     """Samples every `interval_s` in [start_s, end_s); returns the lines of samples written."""
     lines = 0
     for name, value in metrics.items():
         out.write(f"# TYPE {name} gauge\n")
         for card in cards:
-            if name.startswith("DCGM_FI_PROF_") and not card.profiling:
+            if not card.exports(name):
                 continue
             for t in range(start_s, end_s, interval_s):
+                if card.hostname_at(t) is None:
+                    continue
                 out.write(f"{name}{{{card.labels(t)}}} {value(card, t):g} {t}\n")
+                lines += 1
+    for name in dict.fromkeys(p.name for p in plain):
+        out.write(f"# TYPE {name} gauge\n")
+        for p in plain:
+            if p.name != name:
+                continue
+            labels = ",".join(f'{k}="{v}"' for k, v in p.labels.items())
+            first = max(start_s, p.start_s)
+            first += (start_s - first) % interval_s  # on the grid of the cards' samples
+            for t in range(first, min(end_s, p.end_s), interval_s):
+                out.write(f"{name}{{{labels}}} {p.value:g} {t}\n")
                 lines += 1
     out.write("# EOF\n")
     return lines
@@ -120,6 +163,7 @@ def backfill(
     end_s: int,
     interval_s: int,
     metrics: dict[str, Value],
+    plain: Sequence[Plain] = (),
 ) -> int:
     """Write the series into TSDB blocks under `data`; returns the samples written."""
     found = binaries()
@@ -141,6 +185,7 @@ def backfill(
                 end_s=min(end_s, block_start + BLOCK_S),
                 interval_s=interval_s,
                 metrics=metrics,
+                plain=plain,
             )
         out_dir = work / f"{block_start}.blocks"
         subprocess.run(

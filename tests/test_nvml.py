@@ -60,6 +60,7 @@ def test_reads_every_field_of_every_gpu(script: Path) -> None:
         ("GPU-aaaa", 0, "node-a", "NVIDIA H100 80GB HBM3"),
         ("GPU-bbbb", 1, "node-a", "NVIDIA H100 80GB HBM3"),
     ]
+    assert {g.util_source for g in reading.gpus} == {"nvml"}
     first = reading.samples[0]
     assert first.util == 40.0
     assert first.memory_used_mib == 20480.0

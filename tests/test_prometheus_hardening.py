@@ -36,13 +36,14 @@ SECRET = "s3cr3t-PW@x:y"
 
 
 def metric_of(query: str) -> str:
-    m = re.search(r"DCGM_\w+", query)
+    m = re.search(r"DCGM_\w+|kube_pod_info", query)
     assert m is not None, query
     return m[0]
 
 
 def answers(by_metric: Mapping[str, Reply]) -> Callable[[str], Reply]:
-    """Each metric's reply; a good utilisation series, and no series for the rest."""
+    """Each metric's reply; a good utilisation series, and no series for the rest (no
+    kube_pod_info either: the node is the Hostname)."""
 
     def respond(query: str) -> Reply:
         name = metric_of(query)

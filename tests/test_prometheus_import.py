@@ -9,13 +9,15 @@ that refuses or cannot be reached is a one-line error.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from promserver import Card, PromServer, backfill, binaries, start_prometheus
+from fakeprom import Reply, card, fake_prometheus, matrix
+from promserver import Card, Plain, PromServer, backfill, binaries, start_prometheus
 from records import bare_pod
 from sqlalchemy import func, select
 from typer.testing import CliRunner
@@ -23,11 +25,11 @@ from typer.testing import CliRunner
 from auditor.cli import app
 from auditor.errors import InputError
 from auditor.jobs import import_prometheus, open_store
-from auditor.model import PodRecord
+from auditor.model import GpuRecord, PodRecord
 from auditor.store import migrate
 from auditor.store.engine import make_engine
 from auditor.store.schema import gpu_assignments, gpu_samples, gpus
-from auditor.store.writes import upsert_pods
+from auditor.store.writes import upsert_gpus, upsert_pods
 
 STEP = 30
 DAY = 86_400
@@ -210,3 +212,260 @@ def test_bad_options_are_one_line_errors(args: list[str], message: str, tmp_path
     assert result.exit_code == 2
     assert message in result.output
     assert len(result.output.strip().splitlines()) == 1
+
+
+# ------------------------------------------------------------------ real-world clusters
+# One Prometheus, three windows of two hours each, one cluster setup in each:
+#   A: relabelling adds `kubernetes_node` (Hostname is the exporter pod's name);
+#   B: no node label; Hostname is the exporter pod's name, kube-state-metrics' kube_pod_info
+#      names its node; the exporter pod on node-b is replaced mid-window (two pod names),
+#      and node-c's kube-state-metrics is scraped with honor_labels off (exported_*);
+#   C: neither: a host-networked exporter (Hostname is the node) and a MIG instance that
+#      exports only DCGM_FI_PROF_GR_ENGINE_ACTIVE, 41 % active; a pod `trainer-0` of a
+#      StatefulSet that is no exporter shares a card's Hostname.
+H = 3600
+W_END = END
+W_START = W_END - 6 * H
+A, B, C = (W_START, W_START + 2 * H), (W_START + 2 * H, W_START + 4 * H), (W_END - 2 * H, W_END)
+REPLACED = B[0] + H
+GR_ENGINE = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
+
+WORLD = [
+    Card(
+        "GPU-A0",
+        0,
+        "dcgm-exporter-ab12c",
+        extra={"kubernetes_node": "node-a"},
+        hostnames=[(A[0], A[1], "dcgm-exporter-ab12c")],
+    ),
+    Card(
+        "GPU-B0",
+        0,
+        "",
+        hostnames=[
+            (B[0], REPLACED, "nvidia-dcgm-exporter-old11"),
+            (REPLACED, B[1], "nvidia-dcgm-exporter-new22"),
+        ],
+    ),
+    Card("GPU-C0", 0, "", hostnames=[(B[0], B[1], "nvidia-dcgm-exporter-hl33")]),
+    Card("GPU-H0", 0, "", hostnames=[(C[0], C[1], "gpu-host-7")], profiling=True),
+    Card(
+        "GPU-H1",
+        1,
+        "",
+        mig_instance=3,
+        hostnames=[(C[0], C[1], "gpu-host-7")],
+        only=frozenset({GR_ENGINE}),
+    ),
+    Card("GPU-T0", 0, "", hostnames=[(C[0], C[1], "trainer-0")]),
+]
+
+
+def ksm(
+    pod: str, node: str, start: int, end: int, *, honor: bool = True, kind: str = "DaemonSet"
+) -> Plain:
+    subject = (
+        {"pod": pod, "node": node}
+        if honor
+        else {
+            "exported_pod": pod,
+            "exported_node": node,
+            "pod": "kube-state-metrics-0",
+            "node": "node-ksm",
+        }
+    )
+    return Plain(
+        "kube_pod_info",
+        {"namespace": "gpu-operator", "created_by_kind": kind, **subject},
+        start,
+        end,
+    )
+
+
+KUBE_POD_INFO = [
+    ksm("nvidia-dcgm-exporter-old11", "node-b", B[0] - 600, REPLACED + 60),  # ends late
+    ksm("nvidia-dcgm-exporter-new22", "node-b", REPLACED + 15, B[1]),  # starts a little late
+    ksm("nvidia-dcgm-exporter-hl33", "node-c", B[0], B[1], honor=False),
+    ksm("trainer-0", "node-x", C[0], C[1], kind="StatefulSet"),
+]
+
+WORLD_METRICS = {**METRICS, GR_ENGINE: lambda c, t: 0.41}
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PromServer]:
+    found = binaries()
+    if isinstance(found, str):
+        if os.environ.get("CI"):
+            pytest.fail(f"{found}: required under CI", pytrace=False)
+        pytest.skip(found)
+    root = tmp_path_factory.mktemp("world")
+    backfill(
+        WORLD,
+        root / "tsdb",
+        start_s=W_START,
+        end_s=W_END,
+        interval_s=STEP,
+        metrics=WORLD_METRICS,
+        plain=KUBE_POD_INFO,
+    )
+    server = start_prometheus(root / "tsdb", root)
+    yield server
+    server.stop()
+
+
+def iso(t: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
+def cli_import(db: str, url: str, window: tuple[int, int], *more: str) -> str:
+    args = ["--db", db, "import", "prometheus", "--url", url, "--step", f"{STEP}s"]
+    result = CliRunner().invoke(
+        app, [*args, "--start", iso(window[0]), "--end", iso(window[1]), *more]
+    )
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def nodes(db: str) -> dict[str, tuple[str, str | None]]:
+    with open_store(db).connect() as conn:
+        return {r.uuid: (r.node, r.util_source) for r in conn.execute(select(gpus))}
+
+
+@pytest.mark.parametrize(
+    "option", [[], ["--node-label", "gpu_node", "--node-label", "kubernetes_node"]]
+)
+def test_the_node_label_names_the_node(world: PromServer, migrated: str, option: list[str]) -> None:
+    out = cli_import(migrated, world.url, A, *option)
+    assert nodes(migrated) == {"GPU-A0": ("node-a", "DCGM_FI_DEV_GPU_UTIL")}
+    assert "; nodes from label kubernetes_node\n" in out
+
+
+def test_a_node_label_not_given_is_not_read(world: PromServer, migrated: str) -> None:
+    out = cli_import(migrated, world.url, A, "--node-label", "gpu_node")
+    assert nodes(migrated) == {"GPU-A0": ("dcgm-exporter-ab12c", "DCGM_FI_DEV_GPU_UTIL")}
+    assert "nodes from Hostname (no node label and no kube_pod_info" in out
+
+
+def test_an_exporter_pod_replaced_mid_window_keeps_the_card_on_its_node(
+    world: PromServer, migrated: str
+) -> None:
+    # chunks of 50 points (25 minutes): the pod is replaced inside one, and each pod's
+    # name is looked up in the chunks where it shows
+    stats = import_prometheus(
+        migrated,
+        prometheus_url=world.url,
+        window=(B[0] * 1000, B[1] * 1000),
+        step_s=STEP,
+        max_points=50,
+    )
+    assert nodes(migrated) == {
+        "GPU-B0": ("node-b", "DCGM_FI_DEV_GPU_UTIL"),
+        "GPU-C0": ("node-c", "DCGM_FI_DEV_GPU_UTIL"),  # exported_pod/exported_node
+    }
+    assert stats.node_sources == {"kube_pod_info (exporter pods)": 2}
+    assert stats.samples == 2 * 2 * H // STEP  # both pods' samples, on one card each
+    out = cli_import(migrated, world.url, B)
+    assert "; nodes from kube_pod_info (exporter pods)\n" in out
+
+
+def test_a_card_stored_under_its_exporter_pod_is_refused_naming_node_label(
+    world: PromServer, migrated: str
+) -> None:
+    with open_store(migrated).begin() as conn:  # an import of before the fix
+        upsert_gpus(conn, [GpuRecord("GPU-B0", "nvidia-dcgm-exporter-old11", 0)])
+    args = ["--db", migrated, "import", "prometheus", "--url", world.url, "--step", "30s"]
+    result = CliRunner().invoke(app, [*args, "--start", iso(B[0]), "--end", iso(B[1])])
+    assert result.exit_code == 2
+    assert "already recorded on node 'nvidia-dcgm-exporter-old11', not 'node-b'" in result.output
+    assert "--node-label" in result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
+def test_without_label_or_kube_pod_info_the_node_is_hostname_and_the_summary_says_so(
+    world: PromServer, migrated: str
+) -> None:
+    out = cli_import(migrated, world.url, C)
+    assert nodes(migrated) == {
+        "GPU-H0": ("gpu-host-7", "DCGM_FI_DEV_GPU_UTIL"),  # GPU_UTIL wins over GR_ENGINE
+        "GPU-H1/gi3": ("gpu-host-7", GR_ENGINE),
+        "GPU-T0": ("trainer-0", "DCGM_FI_DEV_GPU_UTIL"),  # a StatefulSet's pod: no exporter
+    }
+    summary = out.splitlines()[0]
+    assert summary.endswith(
+        "; nodes from Hostname (no node label and no kube_pod_info: if dcgm-exporter does not "
+        "run with host networking these are pod names; see --node-label); utilisation of "
+        f"1 GPU from {GR_ENGINE} (MIG instances)"
+    )
+
+
+def test_a_mig_instance_with_only_gr_engine_active_is_41_percent_and_reported(
+    world: PromServer, migrated: str
+) -> None:
+    cli_import(migrated, world.url, C)
+    with open_store(migrated).connect() as conn:
+        utils = (
+            conn.execute(
+                select(gpu_samples.c.util)
+                .join(gpus, gpus.c.id == gpu_samples.c.gpu_id)
+                .where(gpus.c.uuid == "GPU-H1/gi3")
+            )
+            .scalars()
+            .all()
+        )
+    assert utils == [41.0] * (2 * H // STEP)
+    runner = CliRunner()
+    window = ["--start", iso(C[0]), "--end", iso(C[1])]
+    audited = runner.invoke(app, ["--db", migrated, "audit", *window])
+    assert audited.exit_code == 0, audited.output
+    done = runner.invoke(app, ["--db", migrated, "report", "--by", "gpu", "--format", "json"])
+    assert done.exit_code == 0, done.output
+    rows = {r["gpu"]: r for r in json.loads(done.output)}
+    assert rows["GPU-H1/gi3"]["util_source"] == GR_ENGINE
+    assert rows["GPU-H0"]["util_source"] == "DCGM_FI_DEV_GPU_UTIL"
+    assert list(rows["GPU-H0"])[:3] == ["node", "gpu", "util_source"]
+    csv_out = runner.invoke(app, ["--db", migrated, "report", "--by", "gpu", "--format", "csv"])
+    assert csv_out.output.splitlines()[0].startswith("node,gpu,util_source,")
+    table = runner.invoke(app, ["--db", migrated, "report", "--by", "gpu"]).output
+    assert f"Utilisation of 1 GPU from {GR_ENGINE} (MIG instances)." in table
+    [mig_row] = [line for line in table.splitlines() if "GPU-H1" in line]
+    assert "GR_ENGI" in mig_row  # the metric, short (GR_ENGINE_ACTIVE) and cut to fit
+    html = runner.invoke(app, ["--db", migrated, "report", "--format", "html"]).output
+    assert f"Utilisation of 1 GPU from {GR_ENGINE} (MIG instances)." in html
+
+
+def test_gpu_util_is_used_where_present_and_gr_engine_elsewhere(migrated: str) -> None:
+    t0 = float(W_START)
+    replies = {
+        "DCGM_FI_DEV_GPU_UTIL": matrix([card([(t0, "30")])]),
+        GR_ENGINE: matrix([card([(t0, "0.9"), (t0 + 30, "0.07"), (t0 + 60, "0.29")])]),
+    }
+
+    def respond(query: str) -> Reply:
+        for name, reply in replies.items():
+            if name in query:
+                return reply
+        return matrix([])
+
+    with fake_prometheus(respond) as fake:
+        stats = import_prometheus(
+            migrated,
+            prometheus_url=fake.url,
+            window=(W_START * 1000, (W_START + 90) * 1000),
+            step_s=STEP,
+        )
+    assert stats.util_sources == {GR_ENGINE: 1}  # 2 of its 3 readings
+    with open_store(migrated).connect() as conn:
+        got = conn.execute(select(gpu_samples.c.util).order_by(gpu_samples.c.ts_ms)).scalars()
+        assert list(got) == [30.0, 7.0, 29.0]
+        assert nodes(migrated) == {"GPU-0": ("node-a", GR_ENGINE)}
+
+
+def test_a_later_source_names_the_utilisation_source_and_moves_nothing(migrated: str) -> None:
+    with open_store(migrated).begin() as conn:
+        upsert_gpus(conn, [GpuRecord("GPU-x", "n1", 0)], util_source="nvidia-smi")
+        upsert_gpus(conn, [GpuRecord("GPU-x", "n1", 0, "H100")])  # says none: kept
+    assert nodes(migrated) == {"GPU-x": ("n1", "nvidia-smi")}
+    with open_store(migrated).begin() as conn:
+        upsert_gpus(conn, [GpuRecord("GPU-x", "n1", 0, util_source="nvml")])  # no conflict
+    assert nodes(migrated) == {"GPU-x": ("n1", "nvml")}

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from sqlalchemy import Engine, select
 
 from auditor.model import GpuRecord, GpuSample, PodRecord, WorkloadKind
 from auditor.store import reads
-from auditor.store.schema import gpu_samples, pods
+from auditor.store.schema import gpu_samples, gpus, pods
 from auditor.store.writes import (
     insert_samples,
     replace_audit_run,
@@ -171,3 +173,32 @@ def test_audit_run_of_the_same_window_replaces_the_earlier(engine: Engine) -> No
 )
 def test_which_runs_a_new_run_supersedes(new: str, old: str, replaced: bool) -> None:
     assert supersedes(new, old) is replaced
+
+
+def test_each_source_records_where_utilisation_came_from(db_url: str, tmp_path: Path) -> None:
+    """nvidia-smi logs say `nvidia-smi`; a later source that names its own wins, and a
+    record naming none (a later nvidia-smi-less write) keeps it; none is a conflict."""
+    from auditor.jobs import import_nvidia_smi, open_store
+    from auditor.store import migrate
+
+    migrate.upgrade(db_url)
+    log = tmp_path / "node-a.csv"
+    log.write_text(
+        "timestamp, index, uuid, utilization.gpu [%], memory.used [MiB]\n"
+        "2026/11/23 08:00:00.000, 0, GPU-aaaa, 87 %, 61234 MiB\n",
+        encoding="utf-8",
+    )
+    import_nvidia_smi(db_url, log, node="node-a")
+    engine = open_store(db_url)
+
+    def source() -> str | None:
+        with engine.connect() as conn:
+            return conn.execute(select(gpus.c.util_source)).scalar_one()
+
+    assert source() == "nvidia-smi"
+    with engine.begin() as conn:
+        upsert_gpus(conn, [GpuRecord("GPU-aaaa", "node-a", 0, "H100")])
+    assert source() == "nvidia-smi"
+    with engine.begin() as conn:
+        upsert_gpus(conn, [GpuRecord("GPU-aaaa", "node-a", 0, util_source="nvml")])
+    assert source() == "nvml"

@@ -160,7 +160,15 @@ class NvmlReader:
         clock = _optional(pynvml.nvmlDeviceGetClockInfo, handle, pynvml.NVML_CLOCK_SM)
         temp = _optional(pynvml.nvmlDeviceGetTemperature, handle, pynvml.NVML_TEMPERATURE_GPU)
         out[0].append(
-            GpuRecord(uuid, self.node, index, None if name is None else _text(name), total, parent)
+            GpuRecord(
+                uuid,
+                self.node,
+                index,
+                None if name is None else _text(name),
+                total,
+                parent,
+                util_source="nvml",
+            )
         )
         out[1].append(
             GpuSample(

@@ -25,19 +25,20 @@ import http.client
 import json
 import math
 import os
+import re
 import socket
 import ssl
 import threading
 import time
 import urllib.parse
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from auditor.collect.buffer import Holding
-from auditor.errors import InputError
+from auditor.errors import GpuConflictError, InputError
 from auditor.model import GpuRecord, GpuSample
 from auditor.redact import redact, remember
 
@@ -62,8 +63,22 @@ METRICS: Mapping[str, str] = {
     "DCGM_FI_PROF_SM_ACTIVE": "sm_active",
     "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": "tensor_active",
     "DCGM_FI_PROF_DRAM_ACTIVE": "dram_active",
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": "gr_engine_active",
 }
-"""dcgm-exporter metric -> GpuSample field (FB_FREE only completes the memory total)."""
+"""dcgm-exporter metric -> GpuSample field (FB_FREE only completes the memory total;
+GR_ENGINE_ACTIVE x 100 is the utilisation where GPU_UTIL is absent)."""
+
+GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"
+GR_ENGINE = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
+"""A MIG instance exports no GPU_UTIL; its graphics-engine activity (0-1) stands in for it."""
+
+NODE_LABELS: tuple[str, ...] = ("kubernetes_node", "node", "nodename")
+"""Labels that name the node, first present wins (`--node-label`): what Prometheus
+relabelling adds in kube-prometheus-stack and usual ServiceMonitor configs."""
+
+KUBE_POD_INFO = "kube_pod_info"
+"""kube-state-metrics' series of each pod, with its node: how an exporter pod's name
+(dcgm-exporter's `Hostname` without host networking) becomes the node it ran on."""
 
 BOUNDS: Mapping[str, tuple[float, float]] = {
     "util": (0.0, 100.0),
@@ -75,6 +90,7 @@ BOUNDS: Mapping[str, tuple[float, float]] = {
     "sm_active": (0.0, 1.0),
     "tensor_active": (0.0, 1.0),
     "dram_active": (0.0, 1.0),
+    "gr_engine_active": (0.0, 1.0),
 }
 """The values a GPU can report, inclusive; anything else refuses the import, as a CSV cell
 out of range does (throttle reasons: an integer bitmask below 2**64)."""
@@ -412,13 +428,13 @@ class ChunkResult:
     gpus: dict[str, GpuRecord] = field(default_factory=dict)
     samples: list[GpuSample] = field(default_factory=list)
     holdings: list[Holding] = field(default_factory=list)
+    node_sources: dict[str, str] = field(default_factory=dict)
+    """GPU UUID -> where its node came from: `label NAME`, `kube_pod_info`, `Hostname`,
+    `instance`."""
 
 
-def _gpu(labels: Mapping[str, str]) -> GpuRecord | None:
-    uuid = labels.get("UUID")
-    node = labels.get("Hostname") or labels.get("instance")
-    if not uuid or not node:
-        return None
+def _gpu(labels: Mapping[str, str], node: str) -> GpuRecord:
+    uuid = labels["UUID"]
     index = labels.get("gpu")
     instance = labels.get("GPU_I_ID")
     if instance:
@@ -429,6 +445,84 @@ def _gpu(labels: Mapping[str, str]) -> GpuRecord | None:
         int(index) if index and index.isascii() and index.isdigit() else None,
         labels.get("modelName"),
     )
+
+
+_POD_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+"""A Kubernetes pod name (a DNS subdomain): only such a `Hostname` is looked up."""
+
+
+@dataclass
+class NodeResolver:
+    """Which node each series of a GPU names (SPEC §2.1): the first of `labels` present;
+    else, where `Hostname` is an exporter pod that kube-state-metrics' `kube_pod_info` knows,
+    the node that pod ran on at the time; else `Hostname` (else `instance`).
+
+    An exporter pod is replaced now and then, so a card's series come under several pod
+    names over a window: each name is resolved at the times of its samples, from the spans
+    kube_pod_info shows it on a node (kept across chunks, merged where contiguous)."""
+
+    labels: tuple[str, ...] = NODE_LABELS
+    spans: dict[str, list[tuple[int, int, str]]] = field(default_factory=dict)
+    """Exporter pod name -> [(first_ms, last_ms, node)], sorted."""
+
+    def node_label(self, labels: Mapping[str, str]) -> tuple[str, str] | None:
+        """(node, `label NAME`) where a node label is present."""
+        for name in self.labels:
+            value = labels.get(name)
+            if value:
+                return value, f"label {name}"
+        return None
+
+    def learn(
+        self,
+        client: PrometheusClient,
+        names: set[str],
+        *,
+        first_ms: int,
+        last_ms: int,
+        step_ms: int,
+    ) -> None:
+        """Read kube_pod_info of the pods named `names` over the chunk into `spans`."""
+        wanted = sorted(n for n in names if _POD_NAME.fullmatch(n))
+        for i in range(0, len(wanted), 200):
+            pattern = "|".join(n.replace(".", "\\\\.") for n in wanted[i : i + 200])
+            window = f"[{max(step_ms - 1, 1)}ms]"
+            query = (
+                f'last_over_time({KUBE_POD_INFO}{{pod=~"{pattern}"}}{window}) or '
+                f'last_over_time({KUBE_POD_INFO}{{exported_pod=~"{pattern}"}}{window})'
+            )
+            series = client.query_range(
+                query, start_s=first_ms / 1000, end_s=last_ms / 1000, step_s=step_ms / 1000
+            )
+            for labels, points in series:
+                pod = labels.get("exported_pod") or labels.get("pod")
+                node = labels.get("exported_node") or labels.get("node")
+                kind = labels.get("created_by_kind")
+                if not pod or not node or not points or pod not in names:
+                    continue
+                if kind is not None and kind != "DaemonSet" and "dcgm" not in pod.lower():
+                    continue  # a pod of the same name that is no exporter
+                for ts, _ in points:
+                    self._add(pod, round(ts * 1000), node, step_ms=step_ms)
+
+    def _add(self, pod: str, ms: int, node: str, *, step_ms: int) -> None:
+        spans = self.spans.setdefault(pod, [])
+        for i, (a, b, n) in enumerate(spans):
+            if n == node and a - step_ms <= ms <= b + step_ms:
+                spans[i] = (min(a, ms), max(b, ms), n)
+                return
+        spans.append((ms, ms, node))
+        spans.sort()
+
+    def pod_node(self, pod: str, ms: int) -> str | None:
+        """The node exporter pod `pod` ran on at `ms`: the span holding it, else the
+        nearest (kube-state-metrics and the exporter are scraped apart); None if unknown."""
+        best: tuple[int, str] | None = None
+        for a, b, node in self.spans.get(pod, ()):
+            gap = 0 if a <= ms <= b else min(abs(ms - a), abs(ms - b))
+            if best is None or gap < best[0]:
+                best = (gap, node)
+        return None if best is None else best[1]
 
 
 def _series_name(labels: Mapping[str, str]) -> str:
@@ -476,14 +570,27 @@ _SLOT = {c: i for i, c in enumerate(_COLUMNS)}
 
 
 def read_chunk(
-    client: PrometheusClient, *, first_ms: int, last_ms: int, step_ms: int
+    client: PrometheusClient,
+    *,
+    first_ms: int,
+    last_ms: int,
+    step_ms: int,
+    resolver: NodeResolver | None = None,
 ) -> ChunkResult:
     """Every dcgm-exporter metric over one chunk, joined per GPU and timestamp (one row of
-    slots per GPU and time, filled metric by metric: a chunk's memory is its samples)."""
+    slots per GPU and time, filled metric by metric: a chunk's memory is its samples).
+
+    The node of each GPU comes from `resolver` (a new one with the default labels unless
+    given; pass one across chunks to keep what it learnt). A GPU whose series name two
+    nodes is refused, as the store refuses a card moved to another node."""
+    resolver = resolver or NodeResolver()
     rows: dict[str, dict[int, list[float | None]]] = {}
     held: dict[tuple[str, int], tuple[str, str]] = {}
     out = ChunkResult()
     width = len(_COLUMNS)
+    # (UUID, Hostname or instance, which) of series no node label names -> first, last ms
+    unnamed: dict[tuple[str, str, str], tuple[int, int]] = {}
+    named: dict[str, tuple[str, str]] = {}  # UUID -> (node, source), first series that said
     for metric, column in METRICS.items():
         series = client.query_range(
             # each grid point takes the one sample scraped in the step before it: no value
@@ -497,11 +604,22 @@ def read_chunk(
         slot = _SLOT[column]
         low, high = BOUNDS.get(column, (0.0, 0.0))  # throttle reasons: always checked in full
         for labels, points in series:
-            gpu = _gpu(labels)
-            if gpu is None:
+            uuid_label = labels.get("UUID")
+            host = labels.get("Hostname") or labels.get("instance")
+            if not uuid_label or not host or not points:
                 continue
-            out.gpus.setdefault(gpu.uuid, gpu)
+            gpu = _gpu(labels, host)
             uuid = gpu.uuid
+            labelled = resolver.node_label(labels)
+            if labelled is not None:
+                _same_node(named, uuid, labelled)
+                out.gpus.setdefault(uuid, replace(gpu, node=labelled[0]))
+            else:
+                key = (uuid, host, "Hostname" if labels.get("Hostname") else "instance")
+                lo, hi = round(points[0][0] * 1000), round(points[-1][0] * 1000)
+                seen = unnamed.get(key)
+                unnamed[key] = (lo, hi) if seen is None else (min(lo, seen[0]), max(hi, seen[1]))
+                out.gpus.setdefault(uuid, gpu)
             times = rows.setdefault(uuid, {})
             pod, namespace = labels.get("pod"), labels.get("namespace")
             holder = (namespace, pod) if pod and namespace else None
@@ -519,26 +637,92 @@ def read_chunk(
                 row[slot] = value
                 if holder is not None:
                     held[(uuid, ms)] = holder
+    hosts = {h for _, h, which in unnamed if which == "Hostname"}
+    if hosts:
+        resolver.learn(client, hosts, first_ms=first_ms, last_ms=last_ms, step_ms=step_ms)
+    for (uuid, host, which), (lo, hi) in unnamed.items():
+        if which == "instance":
+            _same_node(named, uuid, (host, which))
+            continue
+        nodes = {resolver.pod_node(host, lo), resolver.pod_node(host, hi)}
+        if None in nodes:
+            _same_node(named, uuid, (host, "Hostname"))
+        elif len(nodes) > 1:
+            raise InputError(
+                f"exporter pod {_short(host)} of GPU {_short(uuid)} ran on nodes "
+                f"{' and '.join(sorted(map(_short, nodes)))} in this window per "
+                f"{KUBE_POD_INFO}: name the node label with --node-label",
+                field="--url",
+            )
+        else:
+            _same_node(named, uuid, (nodes.pop() or host, KUBE_POD_INFO + " (exporter pods)"))
     for uuid in sorted(rows):
         times = rows.pop(uuid)
+        node, source = named[uuid]
+        gpu = replace(out.gpus[uuid], node=node)
+        out.node_sources[uuid] = source
+        from_util = from_engine = 0
         for ms in sorted(times):
-            out.samples.append(_sample(uuid, ms, times.pop(ms)))
-            total = out.samples[-1].memory_total_mib
-            if total is not None and out.gpus[uuid].memory_total_mib is None:
-                g = out.gpus[uuid]
-                out.gpus[uuid] = GpuRecord(g.uuid, g.node, g.index, g.model, total, g.parent_uuid)
+            sample, engine = _sample(uuid, ms, times.pop(ms))
+            out.samples.append(sample)
+            if sample.util is not None:
+                from_engine += engine
+                from_util += not engine
+            if sample.memory_total_mib is not None and gpu.memory_total_mib is None:
+                gpu = replace(gpu, memory_total_mib=sample.memory_total_mib)
+        if from_util or from_engine:
+            gpu = replace(gpu, util_source=GR_ENGINE if from_engine > from_util else GPU_UTIL)
+        out.gpus[uuid] = gpu
     out.holdings = spans(held, step_ms=step_ms)
     return out
 
 
-def _sample(uuid: str, ms: int, row: list[float | None]) -> GpuSample:
+HOSTNAME_CAVEAT = (
+    "no node label and no kube_pod_info: if dcgm-exporter does not run with host "
+    "networking these are pod names; see --node-label"
+)
+
+
+def describe_sources(nodes: Mapping[str, int], utils: Mapping[str, int]) -> str:
+    """What the import summary says of where nodes (and, where not GPU_UTIL, utilisation)
+    came from: `nodes from label kubernetes_node`, with GPU counts where mixed."""
+
+    def gpus(n: int) -> str:
+        return f"{n} GPU" if n == 1 else f"{n} GPUs"
+
+    parts = [source if len(nodes) == 1 else f"{source} ({gpus(n)})" for source, n in nodes.items()]
+    text = f"nodes from {', '.join(parts)}" if parts else ""
+    if "Hostname" in nodes:
+        text += f" ({HOSTNAME_CAVEAT})"
+    if "instance" in nodes:
+        text += " (no Hostname label: the scrape target)"
+    if utils.get(GR_ENGINE):
+        text += f"; utilisation of {gpus(utils[GR_ENGINE])} from {GR_ENGINE} (MIG instances)"
+    return text
+
+
+def _same_node(named: dict[str, tuple[str, str]], uuid: str, found: tuple[str, str]) -> None:
+    """Record the node one series of `uuid` names; another node than an earlier series
+    named is the card on two nodes, refused."""
+    seen = named.setdefault(uuid, found)
+    if seen[0] != found[0]:
+        raise GpuConflictError(uuid=uuid, field="node", stored=seen[0], new=found[0])
+
+
+def _sample(uuid: str, ms: int, row: list[float | None]) -> tuple[GpuSample, bool]:
+    """The sample of one row, and whether its utilisation is GR_ENGINE_ACTIVE x 100 (no
+    GPU_UTIL at that time)."""
     v = dict(zip(_COLUMNS, row, strict=True))
     used, free = v["memory_used_mib"], v["memory_free_mib"]
     throttle = v["throttle_reasons"]
-    return GpuSample(
+    util, engine = v["util"], v["gr_engine_active"]
+    from_engine = util is None and engine is not None
+    if engine is not None and util is None:
+        util = round(engine * 100.0, 6)  # 0.07 x 100 is 7.000000000000001
+    sample = GpuSample(
         uuid,
         ms,
-        v["util"],
+        util,
         used,
         used + free if used is not None and free is not None else None,
         v["power_w"],
@@ -549,6 +733,7 @@ def _sample(uuid: str, ms: int, row: list[float | None]) -> GpuSample:
         v["tensor_active"],
         v["dram_active"],
     )
+    return sample, from_engine
 
 
 def spans(held: Mapping[tuple[str, int], tuple[str, str]], *, step_ms: int) -> list[Holding]:

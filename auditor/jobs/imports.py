@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import tzinfo
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -65,7 +65,9 @@ def import_nvidia_smi(
         for block in blocks:
             new = [g for g in block.records if known.get(g.uuid) != g]
             if new:  # a GPU stored on another node or as another model: refused, rolled back
-                ids.update(upsert_gpus(conn, new, file=str(path), lines=lines))
+                ids.update(
+                    upsert_gpus(conn, new, file=str(path), lines=lines, util_source="nvidia-smi")
+                )
                 known.update((g.uuid, g) for g in new)
             gpu_of = np.array([ids[r.uuid] for r in block.records], np.int64)
             frame = pd.DataFrame(
@@ -131,6 +133,11 @@ class PrometheusImportStats:
     seconds: float
     already: int = 0
     """Samples read that were stored already (a re-run over the same window)."""
+    node_sources: Mapping[str, int] = field(default_factory=dict)
+    """Where the GPUs' nodes came from (`label kubernetes_node`, `kube_pod_info (exporter
+    pods)`, `Hostname`, `instance`) -> how many GPUs."""
+    util_sources: Mapping[str, int] = field(default_factory=dict)
+    """The metric each GPU's utilisation came from -> how many GPUs."""
 
 
 def import_prometheus(
@@ -143,12 +150,16 @@ def import_prometheus(
     progress: Callable[[int, int], None] | None = None,
     auth: Auth | None = None,
     timeout_s: float = 60.0,
+    node_labels: Sequence[str] | None = None,
 ) -> PrometheusImportStats:
     """Import dcgm-exporter samples and pod labels of a window in one transaction.
 
     `progress(done, total)` is called after each chunk; `auth`: credentials (else those in
-    the URL's userinfo); `timeout_s`: the deadline of each query."""
+    the URL's userinfo); `timeout_s`: the deadline of each query; `node_labels`: the labels
+    that name a GPU's node, first present wins (default `NODE_LABELS`; see `NodeResolver`)."""
     from auditor.collect.prometheus import (
+        NODE_LABELS,
+        NodeResolver,
         PrometheusClient,
         chunks,
         points_per_query,
@@ -166,6 +177,10 @@ def import_prometheus(
         raise InputError("the step must be positive", field="--step")
     if timeout_s <= 0:
         raise InputError("the timeout must be positive", field="--timeout")
+    labels = tuple(node_labels) if node_labels is not None else NODE_LABELS
+    if not labels or not all(labels):
+        raise InputError("a node label name cannot be empty", field="--node-label")
+    resolver = NodeResolver(labels)
     step_ms = round(step_s * 1000)
     client = PrometheusClient(prometheus_url, auth=auth, timeout_s=timeout_s)
     per_query = points_per_query(
@@ -177,9 +192,14 @@ def import_prometheus(
     ids: dict[str, int] = {}
     samples = offered = unresolved = 0
     pairs: set[tuple[str, int]] = set()
+    node_of: dict[str, str] = {}  # GPU UUID -> where its node came from, first chunk's
     with engine.begin() as conn:
         for done, (first_ms, last_ms) in enumerate(parts, 1):
-            chunk = read_chunk(client, first_ms=first_ms, last_ms=last_ms, step_ms=step_ms)
+            chunk = read_chunk(
+                client, first_ms=first_ms, last_ms=last_ms, step_ms=step_ms, resolver=resolver
+            )
+            for uuid, source in chunk.node_sources.items():
+                node_of.setdefault(uuid, source)
             new = [g for g in chunk.gpus.values() if known.get(g.uuid) != g]
             if new:
                 ids.update(upsert_gpus(conn, new))
@@ -205,4 +225,13 @@ def import_prometheus(
         unresolved,
         time.perf_counter() - started,
         already=offered - samples,
+        node_sources=_counts(node_of.values()),
+        util_sources=_counts(g.util_source for g in known.values() if g.util_source),
     )
+
+
+def _counts(values: Iterable[str]) -> dict[str, int]:
+    """How often each value occurs, most frequent first."""
+    from collections import Counter
+
+    return dict(Counter(values).most_common())

@@ -81,6 +81,11 @@ def build_report(
         rows = rows.merge(slow, on=["namespace", "job"], how="left")
         no_wait = rows["straggler_wait_gpu_hours"] <= 0
         rows.loc[no_wait, STRAGGLER_COLUMNS] = None
+    if by is GroupBy.GPU:  # which metric each card's utilisation came from
+        source = results[["gpu", "util_source"]].drop_duplicates("gpu")
+        rows = rows.merge(source, on="gpu", how="left")
+        rows.insert(list(rows.columns).index("gpu") + 1, "util_source", rows.pop("util_source"))
+    cards = scope[["gpu", "util_source"]].drop_duplicates("gpu")["util_source"].dropna()
     window = (int(runs["window_start_ms"].min()), int(runs["window_end_ms"].max()))
     return Report(
         window=window,
@@ -89,6 +94,7 @@ def build_report(
         totals=totals(scope),
         offenders=top_offenders(scope, findings, top=top),
         rolled_up_seconds=rolled,
+        util_sources={str(k): int(v) for k, v in cards.value_counts().items()},
     )
 
 

@@ -11,7 +11,8 @@ import csv
 import io
 import json
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
@@ -33,6 +34,8 @@ class Report:
     offenders: pd.DataFrame
     rolled_up_seconds: float = 0.0
     """GPU-seconds of the window audited from 1-minute rollups rather than raw samples."""
+    util_sources: Mapping[str, int] = field(default_factory=dict)
+    """The metric or reader the cards' utilisation came from -> how many cards."""
 
 
 ROLLED_UP_FIELD = "window_rolled_up_gpu_hours"
@@ -48,6 +51,20 @@ def rolled_up_note(report: Report) -> str | None:
         "1-minute rollups (coarser: startup, teardown, straggler and checkpoint splits at minute "
         "resolution)."
     )
+
+
+STAND_INS: Mapping[str, str] = {"DCGM_FI_PROF_GR_ENGINE_ACTIVE": "MIG instances"}
+"""Utilisation sources that stand in for a GPU's own utilisation, and for which cards."""
+
+
+def util_source_note(report: Report) -> str | None:
+    """The sentence naming cards whose utilisation is a stand-in metric, or None."""
+    parts = [
+        f"{n} GPU{'' if n == 1 else 's'} from {source} ({STAND_INS[source]})"
+        for source, n in report.util_sources.items()
+        if source in STAND_INS and n
+    ]
+    return f"Utilisation of {', '.join(parts)}." if parts else None
 
 
 def _clean(value: Any) -> Any:
@@ -122,6 +139,12 @@ def table_unit(capacity_gpu_hours: float) -> tuple[str, float]:
     return "GPU-hours", 1.0
 
 
+def _short_source(value: Any) -> Any:
+    if isinstance(value, str):
+        return value.removeprefix("DCGM_FI_DEV_").removeprefix("DCGM_FI_PROF_")
+    return value
+
+
 def render_table(report: Report, *, width: int = 150) -> str:
     """A readable terminal report: totals, the grouped table, and the top offenders."""
     from rich.console import Console
@@ -152,17 +175,19 @@ def render_table(report: Report, *, width: int = 150) -> str:
             f"Unallocated: {_num(t['unallocated_gpu_hours'] * scale)} {unit}. "
             f"{t['inferred_share']:.0%} of held GPU-hours rest on inferred GPU→pod mapping."
         )
-    note = rolled_up_note(report)
-    if note is not None:
-        console.print(note)
+    for note in (rolled_up_note(report), util_source_note(report)):
+        if note is not None:
+            console.print(note)
     keys = [
         c
         for c in report.rows.columns
         if not c.endswith(("_gpu_hours", "_share")) and not c.startswith(("util_", "straggler_"))
     ]
+    if "util_source" in report.rows.columns:
+        keys.append("util_source")  # the metric, shown short: GPU_UTIL, GR_ENGINE_ACTIVE
     table = Table(title=f"{unit} by {report.by}", title_justify="left")
     for k in keys:
-        table.add_column(k)
+        table.add_column("util from" if k == "util_source" else k)
     short = {
         "reserved_idle": "resv idle",
         "straggler_wait": "straggler",
@@ -181,7 +206,7 @@ def render_table(report: Report, *, width: int = 150) -> str:
             for q in ("util_p10", "util_p50", "util_p90")
         )
         table.add_row(
-            *(cell(rec[k]) for k in keys),
+            *(cell(_short_source(rec[k]) if k == "util_source" else rec[k]) for k in keys),
             _num(rec["allocated_gpu_hours"] * scale),
             *(_num(rec[f"{c.value}_gpu_hours"] * scale) for c in CATEGORIES),
             f"{_num(rec['scheduling_waste_gpu_hours'] * scale)} "

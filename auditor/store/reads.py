@@ -193,13 +193,15 @@ def runs_in_window(conn: Connection, *, start_ms: int | None, end_ms: int | None
 
 
 def read_results(conn: Connection, run_ids: Sequence[int]) -> pd.DataFrame:
-    """Results of runs joined with the card's node/model and the pod's attributes."""
+    """Results of runs joined with the card's node/model/utilisation source and the pod's
+    attributes."""
     stmt = (
         select(
             audit_results.c.run_id,
             gpus.c.uuid.label("gpu"),
             gpus.c.node,
             gpus.c.model.label("gpu_model"),
+            gpus.c.util_source,
             audit_results.c.pod_uid,
             audit_results.c.category,
             audit_results.c.seconds,
@@ -222,6 +224,7 @@ def read_results(conn: Connection, run_ids: Sequence[int]) -> pd.DataFrame:
         "gpu",
         "node",
         "gpu_model",
+        "util_source",
         "pod_uid",
         "category",
         "seconds",

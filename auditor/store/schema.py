@@ -44,6 +44,7 @@ gpus = Table(
     Column("model", String(limits.GPU_MODEL_MAX), nullable=True),
     Column("memory_total_mib", Float, nullable=True),
     Column("parent_uuid", String(limits.GPU_UUID_MAX), nullable=True),
+    Column("util_source", String(limits.UTIL_SOURCE_MAX), nullable=True),
     Index("ix_gpus_node_index", "node", "gpu_index"),
 )
 

@@ -105,15 +105,23 @@ def upsert_gpus(
     *,
     file: str | None = None,
     lines: Mapping[str, int] | None = None,
+    util_source: str | None = None,
 ) -> dict[str, int]:
     """Insert unknown GPUs, fill in attributes a later source knows; return uuid -> id.
 
     Refuses a record that moves a stored GPU or changes its model (`gpu_conflicts`): raises
     `GpuConflictError` for the first, naming `file` and the line `lines` gives its UUID, so
-    that the caller's transaction rolls back. A GPU's node is never rewritten."""
+    that the caller's transaction rolls back. A GPU's node is never rewritten.
+
+    `util_source` is the utilisation source of records that name none (an importer's own,
+    e.g. `nvidia-smi`). Like the other attributes, the latest source that names one wins: a
+    card whose samples came from nvidia-smi logs and now come from the sampler says `nvml`.
+    It is never a conflict (two readers of one card may both be right)."""
     given = list(records)
     if not given:
         return {}
+    if util_source is not None:
+        given = [r if r.util_source else replace(r, util_source=util_source) for r in given]
     for conflict in gpu_conflicts(conn, given):
         raise conflict.error(file=file, line=(lines or {}).get(conflict.uuid))
     merged: dict[str, GpuRecord] = {}
@@ -130,6 +138,7 @@ def upsert_gpus(
                 stmt.excluded.memory_total_mib, gpus.c.memory_total_mib
             ),
             "parent_uuid": func.coalesce(stmt.excluded.parent_uuid, gpus.c.parent_uuid),
+            "util_source": func.coalesce(stmt.excluded.util_source, gpus.c.util_source),
         },
     )
     values = [
@@ -140,6 +149,7 @@ def upsert_gpus(
             "model": r.model,
             "memory_total_mib": r.memory_total_mib,
             "parent_uuid": r.parent_uuid,
+            "util_source": r.util_source,
         }
         for r in merged.values()
     ]
@@ -164,6 +174,7 @@ def _fill(old: GpuRecord, new: GpuRecord) -> GpuRecord:
         if new.memory_total_mib is None
         else new.memory_total_mib,
         parent_uuid=old.parent_uuid if new.parent_uuid is None else new.parent_uuid,
+        util_source=old.util_source if new.util_source is None else new.util_source,
     )
 
 
