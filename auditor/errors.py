@@ -11,8 +11,11 @@ MAX_SHOWN = 40
 
 
 MAX_FIELD = 120
-MAX_MESSAGE = 200
-"""An error is one line a person reads: field names and messages are cut to these."""
+MAX_PATH = 100
+MAX_LINE = 280
+"""An error is one line a person reads (with `auditor: error: ` before it, under 300
+characters): a path is shown by its last `MAX_PATH` characters, a field by its first
+`MAX_FIELD`, and the message fills the rest of `MAX_LINE`."""
 
 
 def shown(value: object, keep: int = MAX_SHOWN) -> str:
@@ -49,14 +52,16 @@ class InputError(AuditorError):
     def __str__(self) -> str:
         where = ""
         if self.file is not None:
-            where = self.file
+            path = self.file if len(self.file) <= MAX_PATH else f"…{self.file[-MAX_PATH:]}"
+            where = path
             if self.line is not None:
                 where += f":{self.line}"
             where += ": "
         field = f"field {shown(self.field, MAX_FIELD)}: " if self.field else ""
+        room = max(MAX_LINE - len(where) - len(field), 40)
         message = self.message
-        if len(message) > MAX_MESSAGE:
-            message = f"{message[:MAX_MESSAGE]}…"
+        if len(message) > room:
+            message = f"{message[: room - 1]}…"
         return f"{where}{field}{message}"
 
 

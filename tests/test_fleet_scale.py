@@ -197,8 +197,11 @@ def test_sqlite_keeps_samples_clustered_on_their_key(tmp_path: Path) -> None:
     url = f"sqlite:///{path}"
     migrate.upgrade(url, "0003")
     engine = make_engine(url)
-    ids = _gpus(engine, 2)
-    with engine.begin() as conn:
+    with engine.begin() as conn:  # the 0003 table: today's writer knows later columns
+        conn.exec_driver_sql(
+            "INSERT INTO gpus (uuid, node) VALUES ('GPU-0', 'n0'), ('GPU-1', 'n0')"
+        )
+        ids = [r[0] for r in conn.exec_driver_sql("SELECT id FROM gpus ORDER BY uuid")]
         conn.exec_driver_sql(
             "INSERT INTO gpu_samples (gpu_id, ts_ms, util) VALUES (?, 1000, 5.0), (?, 2000, 7.0)",
             (ids[0], ids[1]),
