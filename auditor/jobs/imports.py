@@ -38,11 +38,10 @@ def import_nvidia_smi(
     from datetime import UTC
 
     import numpy as np
-    import pandas as pd
 
     from auditor.collect.nvidia_smi import read_nvidia_smi_blocks
     from auditor.model import GpuRecord
-    from auditor.store.bulk import frame_rows, write_rows
+    from auditor.store.bulk import Columns, write_columns
     from auditor.store.writes import upsert_gpus
 
     started = time.perf_counter()
@@ -68,11 +67,8 @@ def import_nvidia_smi(
                 ids.update(upsert_gpus(conn, new, file=str(path), lines=lines))
                 known.update((g.uuid, g) for g in new)
             gpu_of = np.array([ids[r.uuid] for r in block.records], np.int64)
-            frame = pd.DataFrame(
-                {"gpu_id": gpu_of[block.which], "ts_ms": block.ts_ms, **block.columns}
-            )
-            batch, spans, repeats = frame_rows(frame)
-            rows += write_rows(conn, batch, spans=spans, repeats=repeats)
+            batch = Columns(gpu_of[block.which], block.ts_ms, block.columns)
+            rows += write_columns(conn, batch)
             offered += len(block)
     return ImportStats(
         str(path), rows, len(ids), time.perf_counter() - started, already=offered - rows
