@@ -10,7 +10,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from auditor.errors import InputError
-from auditor.jobs.common import BATCH_ROWS, ImportStats, Progress, batched, open_store
+from auditor.jobs.common import (
+    BATCH_ROWS,
+    ImportStats,
+    Progress,
+    batched,
+    open_store,
+    read_ahead,
+)
 from auditor.settings import Config
 
 if TYPE_CHECKING:
@@ -61,7 +68,7 @@ def import_nvidia_smi(
             not_after_ms=int((time.time() + FUTURE_MARGIN_S) * 1000),
             columns=columns,
         )
-        for block in blocks:
+        for block in read_ahead(blocks):
             new = [g for g in block.records if known.get(g.uuid) != g]
             if new:  # a GPU stored on another node or as another model: refused, rolled back
                 ids.update(upsert_gpus(conn, new, file=str(path), lines=lines))

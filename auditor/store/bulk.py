@@ -131,6 +131,14 @@ class Columns:
         }
         return spans, repeats
 
+    def in_key_order(self) -> Columns:
+        """The batch sorted by (gpu_id, ts_ms): each GPU's rows go into one place of the
+        index after another, rather than to every GPU's place in turn."""
+        order = np.lexsort((self.ts_ms, self.gpu_id))
+        return Columns(
+            self.gpu_id[order], self.ts_ms[order], {k: v[order] for k, v in self.values.items()}
+        )
+
     def rows(self) -> Iterable[Row]:
         """The rows as tuples in `ROW_COLUMNS` order, NULL as None (SQLite's parameters)."""
         n = len(self)
@@ -250,7 +258,9 @@ def write_columns(conn: Connection, batch: Columns) -> int:
         return 0
     spans, repeats = batch.spans()
     if conn.dialect.name == "postgresql":
-        return _pg_write(conn, batch.pg_binary(), len(batch), spans=spans, repeats=repeats)
+        return _pg_write(
+            conn, batch.in_key_order().pg_binary(), len(batch), spans=spans, repeats=repeats
+        )
     return _sqlite_write(conn, batch.rows())
 
 
