@@ -8,8 +8,9 @@ utilization.gpu,memory.used,memory.total,power.draw,temperature.gpu,clocks.sm`, 
 every card every 5 s), then for each database, in one run:
 - parse: `read_nvidia_smi_blocks` over the file, blocks dropped: parsing alone;
 - import: `jobs.import_nvidia_smi` into a fresh migrated store: end to end, one transaction;
-- baseline: the same rows, prepared as tuples beforehand, by `bulk.write_rows` into another
-  fresh store: what the store alone costs, against which the import's throughput is a ratio;
+- baseline: the same rows, prepared beforehand as the store's input (`bulk.Columns`), by
+  `bulk.write_columns` into another fresh store: what the store alone costs, against which
+  the import's throughput is a ratio; and as tuples by `bulk.write_rows` (the generic path);
 - cli: `auditor import nvidia-smi` of a CLI_ROWS-row file as a subprocess (a fresh process of
   this tree's code, SQLite): wall time including process start.
 PostgreSQL is a throwaway server started as the tests start theirs. Prints figures and ratios
@@ -73,14 +74,13 @@ def end_to_end(url: str, path: Path) -> float:
     return time.perf_counter() - started
 
 
-def baseline(url: str, path: Path) -> float:
-    """Rows prepared as tuples first; only `bulk.write_rows` is timed."""
+def baseline(url: str, path: Path, *, tuples: bool = False) -> float:
+    """Rows prepared first (as `bulk.Columns`, or as tuples); only the write is timed."""
     import numpy as np
-    import pandas as pd
 
     from auditor.collect.nvidia_smi import read_nvidia_smi_blocks
     from auditor.jobs.common import open_store
-    from auditor.store.bulk import frame_rows, write_rows
+    from auditor.store.bulk import Columns, write_columns, write_rows
     from auditor.store.writes import upsert_gpus
 
     engine = open_store(url)
@@ -90,13 +90,16 @@ def baseline(url: str, path: Path) -> float:
         for block in read_nvidia_smi_blocks(path, node="bench"):
             ids.update(upsert_gpus(conn, [r for r in block.records if r.uuid not in ids]))
             gpu_of = np.array([ids[r.uuid] for r in block.records], np.int64)
-            frame = pd.DataFrame({"gpu_id": gpu_of[block.which], "ts_ms": block.ts_ms,
-                                  **block.columns})  # fmt: skip
-            prepared.append(frame_rows(frame))
+            batch = Columns(gpu_of[block.which], block.ts_ms, block.columns)
+            prepared.append((batch, (list(batch.rows()), *batch.spans()) if tuples else None))
     started = time.perf_counter()
     with engine.begin() as conn:
-        for rows, spans, repeats in prepared:
-            write_rows(conn, rows, spans=spans, repeats=repeats)
+        for batch, as_rows in prepared:
+            if as_rows is None:
+                write_columns(conn, batch)
+            else:
+                rows, spans, repeats = as_rows
+                write_rows(conn, rows, spans=spans, repeats=repeats)
     seconds = time.perf_counter() - started
     engine.dispose()
     return seconds
@@ -113,6 +116,16 @@ def cli_wall(tmp: Path, rows: int) -> float:
     started = time.perf_counter()
     subprocess.run(command, check=True, env=env, capture_output=True)
     return time.perf_counter() - started
+
+
+def cli_walls(tmp: Path, rows: int, *, runs: int = 3) -> list[float]:
+    """`cli_wall` a few times, each into a fresh store (the machine's load varies)."""
+    walls = []
+    for _ in range(runs):
+        for stale in tmp.glob("cli.db*"):
+            stale.unlink()
+        walls.append(cli_wall(tmp, rows))
+    return walls
 
 
 def main() -> None:
@@ -156,16 +169,18 @@ def main() -> None:
             for name in databases:
                 import_s = end_to_end(urls[name](f"import_{name}"), log)
                 base_s = baseline(urls[name](f"base_{name}"), log)
+                rows_s = baseline(urls[name](f"rows_{name}"), log, tuples=True)
                 print(f"\n{name}:")
                 rate = f"{n / import_s:,.0f}"
                 print(f"  import:   {import_s:6.1f} s  {rate} samples/s end to end")
-                print(f"  baseline: {base_s:6.1f} s  {n / base_s:,.0f} samples/s bulk.write_rows")
+                print(f"  baseline: {base_s:6.1f} s  {n / base_s:,.0f} samples/s write_columns")
+                print(f"  tuples:   {rows_s:6.1f} s  {n / rows_s:,.0f} samples/s write_rows")
                 print(f"  import / baseline throughput: {base_s / import_s:.0%}")
         finally:
             if server is not None:
                 server.stop()
-        wall = cli_wall(tmp, args.cli_rows)
-        print(f"\ncli: auditor import nvidia-smi of {args.cli_rows:,} rows: {wall:.2f} s wall")
+        walls = ", ".join(f"{w:.2f}" for w in cli_walls(tmp, args.cli_rows))
+        print(f"\ncli: auditor import nvidia-smi of {args.cli_rows:,} rows: {walls} s wall")
 
 
 if __name__ == "__main__":

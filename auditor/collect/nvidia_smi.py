@@ -42,11 +42,10 @@ from datetime import UTC, date, datetime, timedelta, timezone, tzinfo
 from functools import cache
 from importlib import resources
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import pandas as pd
 
 from auditor.errors import InputError, shown
 from auditor.model import GpuRecord, GpuSample
@@ -845,7 +844,7 @@ def _fast(state: _State, data: bytes, count: int) -> SampleBlock:
         raise _Slow
     if len(body.translate(None, _UNPLAIN_BYTES)) != len(body):
         raise _Slow
-    buf = np.frombuffer(body, np.uint8).copy()
+    buf = np.frombuffer(body, np.uint8)
     ends = np.flatnonzero(buf == 10)
     n = len(ends)
     k = len(layout.names)
@@ -878,22 +877,12 @@ def _fast(state: _State, data: bytes, count: int) -> SampleBlock:
     if (buf[cell_end - 1] == 32).any():
         raise _Slow
 
-    def unit_blanked(column: int, unit: str) -> None:
-        token = np.frombuffer(b" " + unit.encode(), np.uint8)
-        at = cell_end[:, column][:, None] - len(token) + np.arange(len(token))
-        has = (buf[at] == token).all(axis=1) & (
-            cell_end[:, column] - len(token) > cell_start[:, column]
-        )
-        buf[at[has]] = 32
-
     numeric_columns: dict[int, str] = {}
     for _, names, unit in _NUMERIC:
         for name in names:
             column = layout.names.index(name) if name in layout.names else None
             if column is not None and column not in numeric_columns:
                 numeric_columns[column] = unit
-    for column, unit in numeric_columns.items():
-        unit_blanked(column, unit)
     text_columns = sorted(
         {
             c
@@ -904,37 +893,10 @@ def _fast(state: _State, data: bytes, count: int) -> SampleBlock:
     )
     if layout.timestamp in numeric_columns or layout.timestamp in text_columns:
         raise _Slow
-    usecols = sorted([*numeric_columns, *text_columns])
-    dtypes: dict[int, Any] = {c: np.float64 for c in numeric_columns}
-    dtypes.update({c: str for c in text_columns})
-    try:
-        frame = pd.read_csv(
-            io.BytesIO(buf.tobytes()),
-            header=None,
-            names=list(range(k)),
-            usecols=usecols,
-            dtype=dtypes,
-            na_values=cast(Any, {c: _MISSING_TOKENS for c in numeric_columns}),
-            keep_default_na=False,
-            skipinitialspace=True,
-            quoting=3,
-            engine="c",
-            skip_blank_lines=False,
-        )
-    except (ValueError, TypeError, pd.errors.ParserError):
-        raise _Slow from None
-    if len(frame) != n:
-        raise _Slow
-    values: dict[int, npt.NDArray[np.float64]] = {}
-    for column in numeric_columns:
-        value = frame[column].to_numpy(np.float64)
-        missing = np.isnan(value)
-        first = buf[cell_start[:, column]]
-        second = buf[np.minimum(cell_start[:, column] + 1, len(buf) - 1)]
-        token = (first == 91) | ((first == 78) & (second == 47))  # "[" or "N/"
-        if (missing != token).any() or np.isinf(value).any() or (value < 0).any():
-            raise _Slow
-        values[column] = value
+    values: dict[int, npt.NDArray[np.float64]] = {
+        column: _fast_numbers(buf, cell_start[:, column], cell_end[:, column], unit=unit)
+        for column, unit in numeric_columns.items()
+    }
     util = values[layout.util]
     if (util > 100).any():
         raise _Slow
@@ -943,18 +905,17 @@ def _fast(state: _State, data: bytes, count: int) -> SampleBlock:
     )
     # GPU facts: one record per distinct combination of the identity cells
     key_columns = [*text_columns]
-    if layout.memory_total:
-        key_columns.append(layout.memory_total[0])
     throttle = layout.throttle[0] if layout.throttle else None
     id_columns = [c for c in key_columns if c != throttle]
-    if id_columns:
-        groups = frame.groupby(id_columns, sort=False, dropna=False).ngroup().to_numpy(np.intp)
-        firsts: npt.NDArray[Any] = np.unique(groups, return_index=True)[1]
+    keys = [_cell_bytes(buf, cell_start[:, c], cell_end[:, c]) for c in id_columns]
+    if layout.memory_total:
+        keys.append(values[layout.memory_total[0]].view(np.uint8).reshape(n, 8))
+    if keys:
+        groups, firsts = _first_seen(np.hstack(keys) if len(keys) > 1 else keys[0])
     else:
         groups = np.zeros(n, np.intp)
         firsts = np.zeros(1, np.intp)
     row_lines: list[int] | None = None
-    text_values = {c: frame[c].to_numpy(object) for c in text_columns}
     records: list[GpuRecord] = []
     cards = dict(reader._cards)
     lines_before = None if reader.gpu_lines is None else dict(reader.gpu_lines)
@@ -962,7 +923,7 @@ def _fast(state: _State, data: bytes, count: int) -> SampleBlock:
         for first_row in firsts.tolist():
             cells = [""] * k
             for c in text_columns:
-                cells[c] = text_values[c][first_row]
+                cells[c] = body[cell_start[first_row, c] : cell_end[first_row, c]].decode()
             total = values[layout.memory_total[0]][first_row] if layout.memory_total else math.nan
             index = _index(cells, layout.index)
             uuid, index = _identity(cells, layout, index, node=reader.node)
@@ -993,20 +954,101 @@ def _fast(state: _State, data: bytes, count: int) -> SampleBlock:
             value = np.where(np.isnan(value), values[column], value)
         columns[sample_name] = value
     if throttle is not None:
-        raw = frame[throttle].to_numpy(object)
-        for cell in pd.unique(raw).tolist():
-            if not _is_missing(cell) and not _HEX.fullmatch(cell):
+        matrix = _cell_bytes(buf, cell_start[:, throttle], cell_end[:, throttle])
+        texts, inverse = np.unique(matrix.view(f"S{matrix.shape[1]}").ravel(), return_inverse=True)
+        reasons: list[str | None] = []
+        for cell in (t.decode() for t in texts.tolist()):
+            if _is_missing(cell):
+                reasons.append(None)
+            elif _HEX.fullmatch(cell):
+                reasons.append(cell)
+            else:
                 raise _Slow
-        missing = np.array([_is_missing(c) for c in pd.unique(raw).tolist()])
-        uniques = pd.unique(raw)
-        codes = pd.Index(uniques).get_indexer(raw)
-        throttled: npt.NDArray[Any] = raw.copy()
-        throttled[missing[codes]] = None
-        columns["throttle_reasons"] = throttled
+        columns["throttle_reasons"] = np.array(reasons, dtype=object)[inverse.ravel()]
     latest = int(ts_ms.max())
     if reader.clock.latest_ms is None or latest > reader.clock.latest_ms:
         reader.clock.latest_ms = latest
     return SampleBlock(records, groups.astype(np.intp), ts_ms, columns)
+
+
+def _fast_numbers(
+    buf: npt.NDArray[np.uint8],
+    start: npt.NDArray[np.intp],
+    end: npt.NDArray[np.intp],
+    *,
+    unit: str,
+) -> npt.NDArray[np.float64]:
+    """The values of number cells (`38 %`, `28.16 W`, `575`), NaN for a missing reading
+    (`[...]`, `N/A`); `_Slow` for any other form: a sign, an exponent, more than 15
+    digits. The value is the digits as an integer over a power of ten, both exact, so
+    the division rounds as `float()` of the text does."""
+    first = buf[start]
+    last = len(buf) - 1
+    missing = ((first == 91) & (buf[end - 1] == 93)) | (
+        (end - start == 3)
+        & (first == 78)
+        & (buf[np.minimum(start + 1, last)] == 47)
+        & (buf[np.minimum(start + 2, last)] == 65)
+    )
+    token = np.frombuffer(b" " + unit.encode(), np.uint8)
+    at = end[:, None] - len(token) + np.arange(len(token))
+    has_unit = (buf[at] == token).all(axis=1) & (end - len(token) > start)
+    end = np.where(has_unit & ~missing, end - len(token), end)
+    width = np.where(missing, 0, end - start)
+    widest = int(width.max())
+    if widest > 16:
+        raise _Slow
+    if widest == 0:
+        return np.full(len(start), np.nan)
+    # right-aligned: positions before the cell are leading zeros, which change nothing
+    at = end[:, None] - widest + np.arange(widest)
+    pad = at < (end - width)[:, None]
+    chars = np.where(pad, 48, buf[np.maximum(at, 0)])
+    is_dot = chars == 46
+    digit = chars.astype(np.int64) - 48
+    is_digit = (digit >= 0) & (digit <= 9)
+    if not (is_digit | is_dot).all():
+        raise _Slow
+    dots = is_dot.sum(axis=1)
+    digits = (is_digit & ~pad).sum(axis=1)
+    if (dots > 1).any() or ((digits == 0) & ~missing).any() or (digits > 15).any():
+        raise _Slow
+    right = widest - 1 - np.arange(widest)  # places to the right of each position
+    dot_at = np.where(dots > 0, widest - 1 - np.argmax(is_dot, axis=1), -1)
+    decimals = np.maximum(dot_at, 0)
+    places = right[None, :] - ((right[None, :] > dot_at[:, None]) & (dot_at >= 0)[:, None])
+    mantissa = (np.where(is_dot, 0, digit) * 10**places).sum(axis=1)
+    value: npt.NDArray[np.float64] = mantissa / (10.0**decimals)
+    value[missing] = np.nan
+    return value
+
+
+def _cell_bytes(
+    buf: npt.NDArray[np.uint8], start: npt.NDArray[np.intp], end: npt.NDArray[np.intp]
+) -> npt.NDArray[np.uint8]:
+    """The cells as rows of bytes, NUL-padded to the widest (a plain chunk has no NUL)."""
+    width = end - start
+    widest = int(width.max())
+    at = np.arange(widest)
+    if (width == widest).all():
+        same: npt.NDArray[np.uint8] = buf[start[:, None] + at]
+        return same
+    inside = at < width[:, None]
+    matrix: npt.NDArray[np.uint8] = np.where(
+        inside, buf[np.where(inside, start[:, None] + at, 0)], 0
+    )
+    return matrix.astype(np.uint8)
+
+
+def _first_seen(keys: npt.NDArray[np.uint8]) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]:
+    """The group of each row of `keys` (rows of bytes), numbered in order of first
+    appearance, and the first row of each group."""
+    rows = np.ascontiguousarray(keys).view(np.dtype((np.void, keys.shape[1]))).ravel()
+    _, first, inverse = np.unique(rows, return_index=True, return_inverse=True)
+    order = np.argsort(first, kind="stable")
+    rank = np.empty(len(order), np.intp)
+    rank[order] = np.arange(len(order))
+    return rank[inverse.ravel()], first[order]
 
 
 def _data_lines(data: bytes, header: bytes | None, *, start: int) -> list[int]:

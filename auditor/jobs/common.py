@@ -90,6 +90,55 @@ def environment_failure(url: str, e: BaseException) -> AuditorError | None:
     return None
 
 
+def read_ahead(items: Iterator[T], *, depth: int = 2) -> Iterator[T]:
+    """`items`, produced by a thread up to `depth` ahead of the consumer: a file is parsed
+    while the database stores the block before (numpy and the driver's socket waits release
+    the GIL). An exception of `items` is raised here, at its place in the sequence; leaving
+    the loop early stops the thread and closes `items`."""
+    import queue
+    import threading
+
+    done = object()
+    handoff: queue.Queue[tuple[object, BaseException | None]] = queue.Queue(depth)
+    stop = threading.Event()
+
+    def put(entry: tuple[object, BaseException | None]) -> bool:
+        while not stop.is_set():
+            try:
+                handoff.put(entry, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for item in items:
+                if not put((item, None)):
+                    return
+            put((done, None))
+        except BaseException as e:  # handed to the consumer, raised there
+            put((done, e))
+        finally:
+            close = getattr(items, "close", None)
+            if close is not None:
+                close()
+
+    worker = threading.Thread(target=produce, name="auditor-read-ahead", daemon=True)
+    worker.start()
+    try:
+        while True:
+            item, error = handoff.get()
+            if error is not None:
+                raise error
+            if item is done:
+                return
+            yield item  # type: ignore[misc]
+    finally:
+        stop.set()
+        worker.join()
+
+
 def batched(items: Iterator[T], size: int) -> Iterator[list[T]]:
     batch: list[T] = []
     for item in items:

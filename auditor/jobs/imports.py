@@ -10,7 +10,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from auditor.errors import InputError
-from auditor.jobs.common import BATCH_ROWS, ImportStats, Progress, batched, open_store
+from auditor.jobs.common import (
+    BATCH_ROWS,
+    ImportStats,
+    Progress,
+    batched,
+    open_store,
+    read_ahead,
+)
 from auditor.settings import Config
 
 if TYPE_CHECKING:
@@ -38,11 +45,10 @@ def import_nvidia_smi(
     from datetime import UTC
 
     import numpy as np
-    import pandas as pd
 
     from auditor.collect.nvidia_smi import read_nvidia_smi_blocks
     from auditor.model import GpuRecord
-    from auditor.store.bulk import frame_rows, write_rows
+    from auditor.store.bulk import Columns, write_columns
     from auditor.store.writes import upsert_gpus
 
     started = time.perf_counter()
@@ -62,7 +68,7 @@ def import_nvidia_smi(
             not_after_ms=int((time.time() + FUTURE_MARGIN_S) * 1000),
             columns=columns,
         )
-        for block in blocks:
+        for block in read_ahead(blocks):
             new = [g for g in block.records if known.get(g.uuid) != g]
             if new:  # a GPU stored on another node or as another model: refused, rolled back
                 ids.update(
@@ -70,11 +76,8 @@ def import_nvidia_smi(
                 )
                 known.update((g.uuid, g) for g in new)
             gpu_of = np.array([ids[r.uuid] for r in block.records], np.int64)
-            frame = pd.DataFrame(
-                {"gpu_id": gpu_of[block.which], "ts_ms": block.ts_ms, **block.columns}
-            )
-            batch, spans, repeats = frame_rows(frame)
-            rows += write_rows(conn, batch, spans=spans, repeats=repeats)
+            batch = Columns(gpu_of[block.which], block.ts_ms, block.columns)
+            rows += write_columns(conn, batch)
             offered += len(block)
     return ImportStats(
         str(path), rows, len(ids), time.perf_counter() - started, already=offered - rows

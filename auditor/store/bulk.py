@@ -10,16 +10,26 @@ feed, so costs one `COPY` into the indexed table; a replay costs the merge.
 
 SQLite: one `executemany` of `INSERT OR IGNORE` in the caller's transaction; the table is
 `WITHOUT ROWID`, clustered on its key, so the insert maintains one B-tree, not two.
+
+A batch comes as tuples (`write_rows`) or column by column (`write_columns`, the importers'
+hot path): numpy arrays become the binary `COPY` stream in a few vectorised steps per
+pattern of NULLs, and SQLite's parameters by one `tolist` per column; no object per row
+is made on PostgreSQL, and only the driver's tuples on SQLite.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
-from sqlalchemy import Connection
+import numpy.typing as npt
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from sqlalchemy import Connection
 
 SAMPLE_COLUMNS = (
     "util",
@@ -42,6 +52,11 @@ _PG_TYPES = [
 ]
 _COLS = ", ".join(ROW_COLUMNS)
 _SAVEPOINT = "auditor_bulk_samples"
+
+_PG_SIGNATURE = b"PGCOPY\n\xff\r\n\x00" + bytes(8)
+"""The binary COPY header: signature, flags, header extension length."""
+_PG_TRAILER = b"\xff\xff"
+_PG_VALUE = {"int4": ">i4", "int8": ">i8", "float8": ">f8"}
 
 Row = tuple[Any, ...]
 Spans = Mapping[int, tuple[int, int]]
@@ -84,6 +99,128 @@ def frame_rows(frame: pd.DataFrame) -> tuple[list[Row], dict[int, tuple[int, int
     return rows, spans, repeats
 
 
+@dataclass(frozen=True, slots=True)
+class Columns:
+    """A batch of samples column by column: row `i` is `gpu_id[i]`, `ts_ms[i]` and the
+    `values[name][i]` of each `SAMPLE_COLUMNS` name present (absent names are NULL):
+    float64 with NaN for NULL, or (`throttle_reasons`) an object array of str or None."""
+
+    gpu_id: npt.NDArray[np.int64]
+    ts_ms: npt.NDArray[np.int64]
+    values: Mapping[str, npt.NDArray[Any]]
+
+    def __len__(self) -> int:
+        return len(self.ts_ms)
+
+    def spans(self) -> tuple[dict[int, tuple[int, int]], bool]:
+        """Per-GPU spans, and whether a key repeats."""
+        if not len(self):
+            return {}, False
+        order = np.lexsort((self.ts_ms, self.gpu_id))
+        g = self.gpu_id[order]
+        ts = self.ts_ms[order]
+        same_gpu = g[1:] == g[:-1]
+        repeats = bool((same_gpu & (ts[1:] == ts[:-1])).any())
+        firsts = np.flatnonzero(np.concatenate(([True], ~same_gpu)))
+        lasts = np.concatenate((firsts[1:] - 1, [len(g) - 1]))
+        spans = {
+            gpu: (lo, hi)
+            for gpu, lo, hi in zip(
+                g[firsts].tolist(), ts[firsts].tolist(), ts[lasts].tolist(), strict=True
+            )
+        }
+        return spans, repeats
+
+    def in_key_order(self) -> Columns:
+        """The batch sorted by (gpu_id, ts_ms): each GPU's rows go into one place of the
+        index after another, rather than to every GPU's place in turn."""
+        order = np.lexsort((self.ts_ms, self.gpu_id))
+        return Columns(
+            self.gpu_id[order], self.ts_ms[order], {k: v[order] for k, v in self.values.items()}
+        )
+
+    def rows(self) -> Iterable[Row]:
+        """The rows as tuples in `ROW_COLUMNS` order, NULL as None (SQLite's parameters)."""
+        n = len(self)
+        columns: list[Iterable[Any]] = [self.gpu_id.tolist(), self.ts_ms.tolist()]
+        for name in SAMPLE_COLUMNS:
+            value = self.values.get(name)
+            if value is None:
+                columns.append(itertools.repeat(None, n))
+            elif value.dtype.kind == "f":
+                missing = np.isnan(value)
+                if not missing.any():
+                    columns.append(value.tolist())
+                elif missing.all():
+                    columns.append(itertools.repeat(None, n))
+                else:
+                    held = value.astype(object)
+                    held[missing] = None
+                    columns.append(held.tolist())
+            else:
+                columns.append(value.tolist())
+        return zip(*columns, strict=True)
+
+    def pg_binary(self) -> bytes:
+        """The rows as one binary COPY stream (`ROW_COLUMNS`, `_PG_TYPES`), header and
+        trailer included. Rows are grouped by which of their values are NULL (and the
+        length of their text), each group one fixed record layout filled column-wise."""
+        n = len(self)
+        present: list[npt.NDArray[np.bool_] | None] = []
+        pattern = np.zeros(n, np.int64)
+        text: list[bytes | None] | None = None
+        for bit, name in enumerate(SAMPLE_COLUMNS):
+            value = self.values.get(name)
+            if value is None:
+                present.append(None)
+                continue
+            if value.dtype.kind == "f":
+                mask = ~np.isnan(value)
+            else:
+                text = [None if v is None else str(v).encode() for v in value.tolist()]
+                lengths = np.fromiter((-1 if t is None else len(t) for t in text), np.int64, n)
+                mask = lengths >= 0
+                pattern += (lengths + 1) << len(SAMPLE_COLUMNS)
+            present.append(mask)
+            pattern += mask.astype(np.int64) << bit
+        kinds, inverse = np.unique(pattern, return_inverse=True)
+        parts = [_PG_SIGNATURE]
+        for k, kind in enumerate(kinds.tolist()):
+            rows = np.flatnonzero(inverse == k) if len(kinds) > 1 else None
+            count = n if rows is None else len(rows)
+            fields: list[tuple[str, str]] = [("n", ">i2")]
+            fill: list[tuple[str, Any]] = [("n", len(ROW_COLUMNS))]
+            for i, (name, pg_type) in enumerate(zip(ROW_COLUMNS, _PG_TYPES, strict=True)):
+                fields.append((f"l{i}", ">i4"))
+                if i >= 2 and not (kind >> (i - 2)) & 1:
+                    fill.append((f"l{i}", -1))
+                    continue
+                if i == 0:
+                    column: Any = self.gpu_id
+                elif i == 1:
+                    column = self.ts_ms
+                elif pg_type == "varchar":
+                    assert text is not None
+                    width = (kind >> len(SAMPLE_COLUMNS)) - 1
+                    picked = text if rows is None else [text[r] for r in rows.tolist()]
+                    fill.append((f"l{i}", width))
+                    if width:
+                        fields.append((f"v{i}", f"S{width}"))
+                        fill.append((f"v{i}", np.array(picked, f"S{width}")))
+                    continue
+                else:
+                    column = self.values[name]
+                fields.append((f"v{i}", _PG_VALUE[pg_type]))
+                fill.append((f"l{i}", 4 if pg_type == "int4" else 8))
+                fill.append((f"v{i}", column if rows is None else column[rows]))
+            record = np.empty(count, np.dtype(fields))
+            for field, value in fill:
+                record[field] = value
+            parts.append(record.tobytes())
+        parts.append(_PG_TRAILER)
+        return b"".join(parts)
+
+
 def object_spans(rows: Iterable[Row]) -> tuple[dict[int, tuple[int, int]], bool]:
     """Per-GPU spans and whether a key repeats, of rows whose first two fields are the key."""
     spans: dict[int, tuple[int, int]] = {}
@@ -109,12 +246,40 @@ def write_rows(conn: Connection, rows: Sequence[Row], *, spans: Spans, repeats: 
     """
     if not rows:
         return 0
-    raw = conn.connection.driver_connection
     if conn.dialect.name == "postgresql":
-        with raw.cursor() as cur:  # type: ignore[union-attr]
-            if repeats or _any_stored(cur, spans) or not _copy_direct(cur, rows):
-                return _copy_merge(cur, rows)
-        return len(rows)
+        return _pg_write(conn, rows, len(rows), spans=spans, repeats=repeats)
+    return _sqlite_write(conn, rows)
+
+
+def write_columns(conn: Connection, batch: Columns) -> int:
+    """`write_rows` of a batch held column by column: the same outcome, no tuple per row on
+    PostgreSQL. Returns the rows newly stored."""
+    if not len(batch):
+        return 0
+    spans, repeats = batch.spans()
+    if conn.dialect.name == "postgresql":
+        return _pg_write(
+            conn, batch.in_key_order().pg_binary(), len(batch), spans=spans, repeats=repeats
+        )
+    return _sqlite_write(conn, batch.rows())
+
+
+_Payload = Sequence[Row] | bytes
+"""Rows as tuples, or a whole binary COPY stream (`Columns.pg_binary`)."""
+
+
+def _pg_write(
+    conn: Connection, payload: _Payload, count: int, *, spans: Spans, repeats: bool
+) -> int:
+    raw = conn.connection.driver_connection
+    with raw.cursor() as cur:  # type: ignore[union-attr]
+        if repeats or _any_stored(cur, spans) or not _copy_direct(cur, payload):
+            return _copy_merge(cur, payload)
+    return count
+
+
+def _sqlite_write(conn: Connection, rows: Iterable[Row]) -> int:
+    raw = conn.connection.driver_connection
     marks = ", ".join("?" * len(ROW_COLUMNS))
     cursor = raw.cursor()  # type: ignore[union-attr]
     try:
@@ -137,20 +302,23 @@ def _any_stored(cur: Any, spans: Spans) -> bool:
     return bool(cur.fetchone()[0])
 
 
-def _copy(cur: Any, table: str, rows: Sequence[Row]) -> None:
+def _copy(cur: Any, table: str, payload: _Payload) -> None:
     with cur.copy(f"COPY {table} ({_COLS}) FROM STDIN (FORMAT BINARY)") as copy:
+        if isinstance(payload, bytes):
+            copy.write(payload)
+            return
         copy.set_types(_PG_TYPES)
-        for row in rows:
+        for row in payload:
             copy.write_row(row)
 
 
-def _copy_direct(cur: Any, rows: Sequence[Row]) -> bool:
+def _copy_direct(cur: Any, payload: _Payload) -> bool:
     """COPY into the table itself; False (and nothing written) where a key was taken."""
     from psycopg import errors
 
     cur.execute(f"SAVEPOINT {_SAVEPOINT}")
     try:
-        _copy(cur, "gpu_samples", rows)
+        _copy(cur, "gpu_samples", payload)
     except errors.UniqueViolation:
         cur.execute(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")
         return False
@@ -158,12 +326,12 @@ def _copy_direct(cur: Any, rows: Sequence[Row]) -> bool:
     return True
 
 
-def _copy_merge(cur: Any, rows: Sequence[Row]) -> int:
+def _copy_merge(cur: Any, payload: _Payload) -> int:
     cur.execute(
         "CREATE TEMP TABLE IF NOT EXISTS auditor_stage_samples "
         "(LIKE gpu_samples INCLUDING DEFAULTS) ON COMMIT DELETE ROWS"
     )
-    _copy(cur, "auditor_stage_samples", rows)
+    _copy(cur, "auditor_stage_samples", payload)
     cur.execute(
         f"INSERT INTO gpu_samples ({_COLS}) SELECT {_COLS} FROM auditor_stage_samples "
         "ON CONFLICT (gpu_id, ts_ms) DO NOTHING"
