@@ -173,3 +173,36 @@ def test_concurrent_upgrades_from_many_processes_take_turns(db_url: str) -> None
     assert not failures, "\n".join(failures)
     assert migrate.current(db_url) == migrate.head()
     assert migrate.check_drift(db_url) == []
+
+
+def test_a_fresh_sqlite_file_is_created_as_the_migrations_make_it(tmp_path: Path) -> None:
+    """`open_store` creates a new SQLite file from the schema and stamps head: the same
+    tables, columns, indexes and revision as running every migration."""
+    import sqlite3
+
+    from auditor.jobs import open_store
+
+    migrated, created = tmp_path / "migrated.db", tmp_path / "created.db"
+    migrate.upgrade(f"sqlite:///{migrated}")
+    open_store(f"sqlite:///{created}").dispose()
+
+    def shape(path: Path) -> list[tuple[str, str, object]]:
+        with sqlite3.connect(path) as db:
+            tables = [r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+            out: list[tuple[str, str, object]] = []
+            for table in sorted(tables):
+                out += [
+                    (table, "column", tuple(c)) for c in db.execute(f"PRAGMA table_info('{table}')")
+                ]
+                for index in db.execute(f"PRAGMA index_list('{table}')"):
+                    cols = tuple(c[2] for c in db.execute(f"PRAGMA index_info('{index[1]}')"))
+                    out.append((table, f"index {index[1]} unique={index[2]}", cols))
+                for fk in db.execute(f"PRAGMA foreign_key_list('{table}')"):
+                    out.append((table, "foreign key", tuple(fk[2:5]) + tuple(fk[5:7])))
+                wr = db.execute("SELECT sql FROM sqlite_master WHERE name = ?", (table,)).fetchone()
+                out.append((table, "without rowid", "WITHOUT ROWID" in wr[0].upper()))
+            return out
+
+    assert shape(created) == shape(migrated)
+    assert migrate.current(f"sqlite:///{created}") == migrate.head()
+    assert migrate.check_drift(f"sqlite:///{created}") == []

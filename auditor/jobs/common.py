@@ -41,7 +41,7 @@ def open_store(url: str) -> Engine:
     engine = make_engine(url)
     try:
         if is_sqlite(engine) and not inspect(engine).get_table_names():
-            migrate.upgrade(engine)
+            migrate.create_fresh(engine)
         migrate.ensure_current(engine)
     except AuditorError:
         raise
