@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from fake_nvml.build import SCRIPT_ENV, fake_nvml_library, render_script, write_script
 from prometheus_client import CollectorRegistry
+from smalldisk import tmpfs
 from test_sampler import GPU_A, stored
 
 from auditor.collect.buffer import Batch, DiskBuffer, Holding, encode_batch
@@ -161,23 +160,6 @@ def test_sqlite_full_mid_outage_drops_the_oldest_and_the_loop_goes_on(
     assert len(loop.buffer) == len(buffer)
     loop.run(50)
     assert_recovers(loop, tmp_path)
-
-
-@contextlib.contextmanager
-def tmpfs(path: Path, size: str) -> Iterator[Path]:
-    path.mkdir()
-    out = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if out.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {out.stderr.strip()}")
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], check=False)
 
 
 def test_a_real_full_disk_mid_outage_and_at_restart(

@@ -8,12 +8,12 @@ number, a dialect the auditor does not speak.
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from pgserver import PgServer
+from smalldisk import tmpfs
 from typer.testing import CliRunner
 
 from auditor import jobs
@@ -67,20 +67,8 @@ def counts(url: str) -> dict[str, int]:
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A 1 MiB filesystem of its own (tmpfs), unmounted afterwards."""
-    mount = tmp_path / "small-disk"
-    mount.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here: {done.stderr.strip() or done.returncode}")
-    try:
+    with tmpfs(tmp_path / "small-disk", "1m") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def test_a_full_disk_is_one_line_and_the_store_keeps_what_it_had(
