@@ -52,13 +52,18 @@ class State:
 state = State()
 
 
+def say_error(e: AuditorError) -> None:
+    """The one error line on stderr: secrets masked, names from the cluster escaped."""
+    typer.echo(f"auditor: error: {terminal_safe(redact(str(e)))}", err=True)
+
+
 @contextmanager
 def user_errors() -> Iterator[None]:
     """Foreseeable errors become one line on stderr and their exit code; no traceback."""
     try:
         yield
     except AuditorError as e:
-        typer.echo(f"auditor: error: {terminal_safe(redact(str(e)))}", err=True)  # may echo names
+        say_error(e)
         raise typer.Exit(e.exit_code) from None
     except KeyboardInterrupt:
         typer.echo("auditor: interrupted", err=True)
@@ -69,7 +74,7 @@ def user_errors() -> Iterator[None]:
         failure = environment_failure(state.db_url, e)
         if failure is None:
             raise
-        typer.echo(f"auditor: error: {terminal_safe(redact(str(failure)))}", err=True)
+        say_error(failure)
         raise typer.Exit(failure.exit_code) from None
 
 
@@ -108,7 +113,7 @@ def root(
     try:
         state.db_url = db or default_db_url()
     except AuditorError as e:
-        typer.echo(f"auditor: error: {terminal_safe(redact(str(e)))}", err=True)
+        say_error(e)
         raise typer.Exit(e.exit_code) from None
     state.config_path = config
 

@@ -24,13 +24,14 @@ import json
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
+
+from stores import stores  # noqa: E402 - after the path it lives on
 
 STAGES = r"""
 import json, resource, sys, time
@@ -156,14 +157,6 @@ def stage(name: str, url: str, *args: Any) -> dict[str, Any]:
     return result
 
 
-def fresh_sqlite(tmp: Path, label: str) -> str:
-    from auditor.store import migrate
-
-    url = f"sqlite:///{tmp / f'{label}.db'}"
-    migrate.upgrade(url)
-    return url
-
-
 def run_fleet(gpus: int, days: float, url: str, name: str) -> None:
     load = stage("load", url, gpus, days)
     n = load["samples"]
@@ -203,27 +196,7 @@ def main() -> None:
     databases = args.databases.split(",")
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
-        server = None
-        make_url: dict[str, Callable[[str], str]] = {"sqlite": lambda lbl: fresh_sqlite(tmp, lbl)}
-        try:
-            if "postgresql" in databases:
-                from pgserver import find_bindir, start_server
-
-                if find_bindir() is None:
-                    print("postgresql: skipped (no server binaries found)")
-                    databases.remove("postgresql")
-                else:
-                    server = start_server()
-                    from auditor.store import migrate
-
-                    def fresh_pg(label: str) -> str:
-                        assert server is not None
-                        server.admin(f"CREATE DATABASE {label}")
-                        url = server.url(label)
-                        migrate.upgrade(url)
-                        return url
-
-                    make_url["postgresql"] = fresh_pg
+        with stores(tmp, databases) as make_url:
             for spec in filter(None, args.fleets.split(",")):
                 gpus, days = spec.split("x")
                 for name in databases:
@@ -231,7 +204,7 @@ def main() -> None:
                     run_fleet(int(gpus), float(days), make_url[name](label), name)
             peaks: list[tuple[float, float]] = []
             for days in filter(None, args.memory_days.split(",")):
-                url = fresh_sqlite(tmp, f"m{days}")
+                url = make_url["sqlite"](f"m{days}")
                 load = stage("load", url, args.memory_gpus, float(days), False)
                 audit = stage("audit", url, load["start_ms"], load["end_ms"])
                 peaks.append((float(days), audit["peak_mib"]))
@@ -246,9 +219,6 @@ def main() -> None:
                     print(
                         f"  {days:g} d / {first[0]:g} d audit peak memory: {peak / first[1]:.2f}x"
                     )
-        finally:
-            if server is not None:
-                server.stop()
 
 
 if __name__ == "__main__":

@@ -30,6 +30,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from stores import stores  # noqa: E402 - after the path it lives on
 
 HEADER = (
     "timestamp, name, uuid, index, utilization.gpu [%], memory.used [MiB], "
@@ -145,27 +148,7 @@ def main() -> None:
               f"written in {time.perf_counter() - started:.0f} s")  # fmt: skip
         parse_s = parse_only(log)
         print(f"parse:    {parse_s:6.1f} s  {n / parse_s:,.0f} samples/s")
-        server = None
-        try:
-            urls = {"sqlite": lambda label: f"sqlite:///{tmp / label}.db"}
-            if "postgresql" in databases:
-                from pgserver import find_bindir, start_server
-
-                if find_bindir() is None:
-                    print("postgresql: skipped (no server binaries found)")
-                    databases.remove("postgresql")
-                else:
-                    server = start_server()
-                    from auditor.store import migrate
-
-                    def fresh_pg(label: str) -> str:
-                        assert server is not None
-                        server.admin(f"CREATE DATABASE {label}")
-                        url = server.url(label)
-                        migrate.upgrade(url)
-                        return url
-
-                    urls["postgresql"] = fresh_pg
+        with stores(tmp, databases) as urls:
             for name in databases:
                 import_s = end_to_end(urls[name](f"import_{name}"), log)
                 base_s = baseline(urls[name](f"base_{name}"), log)
@@ -176,9 +159,6 @@ def main() -> None:
                 print(f"  baseline: {base_s:6.1f} s  {n / base_s:,.0f} samples/s write_columns")
                 print(f"  tuples:   {rows_s:6.1f} s  {n / rows_s:,.0f} samples/s write_rows")
                 print(f"  import / baseline throughput: {base_s / import_s:.0%}")
-        finally:
-            if server is not None:
-                server.stop()
         walls = ", ".join(f"{w:.2f}" for w in cli_walls(tmp, args.cli_rows))
         print(f"\ncli: auditor import nvidia-smi of {args.cli_rows:,} rows: {walls} s wall")
 

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from test_cli_import import pod as cli_import_pod
 from typer.testing import CliRunner
 
 from auditor.cli import app
@@ -37,34 +38,7 @@ def ten_minutes(tmp_path: Path) -> str:
             )
     csv = tmp_path / "node-a.csv"
     csv.write_text("\n".join(lines) + "\n")
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": "p",
-            "namespace": "ml",
-            "uid": "u1",
-            "creationTimestamp": "2026-11-23T07:59:00Z",
-            "labels": {"team": "nlp"},
-        },
-        "spec": {
-            "nodeName": "node-a",
-            "containers": [{"name": "m", "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
-        },
-        "status": {
-            "phase": "Running",
-            "conditions": [
-                {
-                    "type": "PodScheduled",
-                    "status": "True",
-                    "lastTransitionTime": "2026-11-23T07:59:30Z",
-                }
-            ],
-            "containerStatuses": [
-                {"name": "m", "state": {"running": {"startedAt": "2026-11-23T07:59:40Z"}}}
-            ],
-        },
-    }
+    pod = cli_import_pod("u1")  # ns ml, team nlp, on node-a, running since before 08:00
     pods = tmp_path / "pods.json"
     pods.write_text(json.dumps(pod))
     for args in (

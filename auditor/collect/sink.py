@@ -28,6 +28,7 @@ from auditor.store.schema import gpus, pods
 from auditor.store.writes import (
     GpuConflict,
     gpu_conflicts,
+    gpu_row,
     insert_samples,
     upsert_assignments,
     upsert_gpus,
@@ -96,9 +97,8 @@ def _unstorable(records: Iterable[GpuRecord]) -> set[str]:
     logged and left out, so one odd card does not fail every flush."""
     bad: set[str] = set()
     for rec in records:
-        row = {"uuid": rec.uuid, "node": rec.node, "gpu_index": rec.index, "model": rec.model}
         try:
-            check_row(gpus, row, what=f"GPU {shown(rec.uuid)}")
+            check_row(gpus, gpu_row(rec), what=f"GPU {shown(rec.uuid)}")
         except RowError as e:
             if rec.uuid not in bad:
                 log.warning("skipping %s", e)

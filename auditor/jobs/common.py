@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
-from auditor.errors import AuditorError
+from auditor.errors import AuditorError, StoreError
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -51,13 +51,17 @@ def open_store(url: str) -> Engine:
 
 
 def raise_store_error(url: str, e: Exception) -> None:
-    from auditor.errors import StoreError
+    raise store_error(url, e) from e
+
+
+def store_error(url: str, e: BaseException) -> StoreError:
+    """The one-line `StoreError` for a driver's failure on the database at `url`."""
     from auditor.redact import redact
 
     cause = getattr(e, "orig", None) or e  # the driver's own message, not SQLAlchemy's wrapper
     text = str(cause).strip()
     first = text.splitlines()[0] if text else type(cause).__name__
-    raise StoreError(f"cannot use {redact(url)}: {redact(first)}") from e
+    return StoreError(f"cannot use {redact(url)}: {redact(first)}")
 
 
 def environment_failure(url: str, e: BaseException) -> AuditorError | None:
@@ -66,22 +70,11 @@ def environment_failure(url: str, e: BaseException) -> AuditorError | None:
     permission denied), or None for anything else: a bug, which keeps its traceback."""
     import sqlite3
 
+    import psycopg
     from sqlalchemy.exc import SQLAlchemyError
 
-    from auditor.errors import StoreError
-
-    drivers: tuple[type[BaseException], ...] = (SQLAlchemyError, sqlite3.Error)
-    try:
-        import psycopg
-
-        drivers += (psycopg.Error,)
-    except ImportError:  # pragma: no cover - psycopg is a dependency
-        pass
-    if isinstance(e, drivers):
-        try:
-            raise_store_error(url, e if isinstance(e, Exception) else Exception(str(e)))
-        except StoreError as store_error:
-            return store_error
+    if isinstance(e, SQLAlchemyError | sqlite3.Error | psycopg.Error):
+        return store_error(url, e)
     if isinstance(e, OSError):
         where = f": {e.filename}" if e.filename else ""
         return StoreError(f"{e.strerror or type(e).__name__}{where}")

@@ -141,18 +141,7 @@ def upsert_gpus(
             "util_source": func.coalesce(stmt.excluded.util_source, gpus.c.util_source),
         },
     )
-    values = [
-        {
-            "uuid": r.uuid,
-            "node": r.node,
-            "gpu_index": r.index,
-            "model": r.model,
-            "memory_total_mib": r.memory_total_mib,
-            "parent_uuid": r.parent_uuid,
-            "util_source": r.util_source,
-        }
-        for r in merged.values()
-    ]
+    values = [gpu_row(r) for r in merged.values()]
     for rec, row in zip(merged.values(), values, strict=True):
         try:
             check_row(gpus, row, what=f"GPU {shown(rec.uuid)}")
@@ -162,6 +151,19 @@ def upsert_gpus(
     conn.execute(stmt, values)
     rows = conn.execute(select(gpus.c.uuid, gpus.c.id).where(gpus.c.uuid.in_(list(merged))))
     return {uuid: gpu_id for uuid, gpu_id in rows}
+
+
+def gpu_row(rec: GpuRecord) -> dict[str, Any]:
+    """The `gpus` row of a record (without its id)."""
+    return {
+        "uuid": rec.uuid,
+        "node": rec.node,
+        "gpu_index": rec.index,
+        "model": rec.model,
+        "memory_total_mib": rec.memory_total_mib,
+        "parent_uuid": rec.parent_uuid,
+        "util_source": rec.util_source,
+    }
 
 
 def _fill(old: GpuRecord, new: GpuRecord) -> GpuRecord:
