@@ -22,6 +22,7 @@ Pipeline, each step a vectorised pass over flat arrays (loops only per GPU, gang
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -36,6 +37,7 @@ from auditor.classify.findings import FindingInputs, build_findings, empty_findi
 from auditor.classify.gangs import GangView, analyse_gangs
 from auditor.classify.pieces import Pieces, Plain, empty_results, sum_results
 from auditor.classify.runs import RunDecision, classify_runs
+from auditor.classify.shares import Scale, expand, on_physical_cards
 from auditor.classify.timeline import TenureTable, cut_segments, normalise_tenures
 from auditor.settings import Thresholds
 
@@ -138,6 +140,7 @@ def _split_teardown(pieces: Pieces, split_at: IntArr) -> Pieces:
         blame=more(pieces.blame),
         run=more(pieces.run),
         gap=more(pieces.gap),
+        estimated=None if pieces.estimated is None else more(pieces.estimated),
     )
 
 
@@ -148,6 +151,9 @@ def classify(
     window: Window,
     thresholds: Thresholds,
     markers: pd.DataFrame | None = None,
+    cards: pd.DataFrame | None = None,
+    activity: pd.DataFrame | None = None,
+    shared_cards: Collection[str] = (),
 ) -> Classification:
     """Split every capacity second in `window` into categories (module docstring).
 
@@ -156,10 +162,27 @@ def classify(
     `tenures`: gpu, pod_uid, gang, start_ms, end_ms, optionally released (as
     `build_tenures` makes them; without `released` every tenure counts as ended).
     `markers`: gang, start_ms, end_ms of checkpoint markers (optional).
+    Shared and partitioned cards (SPEC §7, `auditor.classify.shares`): `tenures` may carry a
+    `share` column (share of the card per tenure; NaN: an equal split); `cards` (uuid,
+    parent_uuid, mig_profile, model) weighs MIG instances; `activity` (gpu, pod_uid, ts_ms,
+    util: a pod's utilisation of the whole card) is each tenant's measured activity.
+    `shared_cards` go through the shared path even where every tenure holds them whole (a
+    test hook: one tenant of share 1 must come out as the exclusive path does).
     """
     st = load_samples(samples, thresholds=thresholds)
     if st.ts.size == 0:
         return Classification(results=empty_results(), findings=empty_findings())
+    shared = expand(
+        st,
+        tenures,
+        cards=cards,
+        activity=activity,
+        window=(window.start_ms, window.end_ms),
+        force=shared_cards,
+    )
+    scale: Scale | None = None
+    if shared is not None:
+        st, tenures, scale = shared.samples, shared.tenures, shared.scale
     ten = normalise_tenures(tenures, st)
     startup_cap = ten.bound + round(thresholds.startup_cap_s * 1000)
     seg = cut_segments(st, ten, extra_gpu=ten.gpu, extra_ms=startup_cap)
@@ -177,6 +200,11 @@ def classify(
         start=seg.start[plain],
         end=seg.end[plain],
         category=unobserved,
+        weight=None
+        if scale is None
+        else np.where(
+            seg.covered[plain], scale.covered[seg.sample[plain]], scale.gap[seg.sample[plain]]
+        ),
     )
     r_ten, r_start, r_end = seg.tenure[rows], seg.start[rows], seg.end[rows]
     r_util, r_sample, r_gpu = seg_util[rows], seg.sample[rows], seg.gpu[rows]
@@ -209,13 +237,18 @@ def classify(
     cat_a, frac_a, cat_b, frac_b, blame = _per_sample_rules(
         util=r_util, idle=idle, decided=decided, view=view, thresholds=thresholds
     )
+    busy = r_util / 100.0
+    if scale is not None:  # shares of a card (SPEC §7): card-seconds, not the tenant's own
+        busy = scale.busy[r_sample]
+        frac_a = frac_a * scale.idle[r_sample]
+        frac_b = frac_b * scale.idle[r_sample]
     pieces = _split_teardown(
         Pieces(
             gpu=r_gpu,
             tenure=r_ten,
             start=r_start,
             end=r_end,
-            busy=r_util / 100.0,
+            busy=busy,
             cat_a=cat_a,
             frac_a=frac_a,
             cat_b=cat_b,
@@ -223,6 +256,7 @@ def classify(
             blame=blame,
             run=decided.run,
             gap=view.gap,
+            estimated=None if scale is None else scale.estimated[r_sample],
         ),
         decided.split_at,
     )
@@ -254,4 +288,6 @@ def classify(
             thresholds=thresholds,
         )
     )
+    if shared is not None:
+        results, findings = on_physical_cards(results, findings, shared)
     return Classification(results=results, findings=findings)
