@@ -539,7 +539,7 @@ def _split_card(
         k = k_sum[j0:j1]
         rest_share = unmeasured_share[j0:j1]
         unknown = np.isnan(meas) | ~trust[j0:j1]
-        with np.errstate(invalid="ignore", divide="ignore"):
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
             from_measure = np.where(
                 rest_share > 0, meas * np.minimum(1.0, big_u / k), meas * big_u / k
             )
@@ -553,7 +553,7 @@ def _split_card(
         unused_sum[j0:j1] += np.nan_to_num(free_cap)
     room = unused_sum + free
     idle_total = 1.0 - card_u
-    with np.errstate(invalid="ignore", divide="ignore"):
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         free_covered = np.where(
             np.isnan(card_u),
             free,
@@ -566,7 +566,7 @@ def _split_card(
         tenants, ranges, shares, acts, unused, estimated, strict=True
     ):
         room_t = room[j0:j1]
-        with np.errstate(invalid="ignore", divide="ignore"):
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
             idle_part = np.where(
                 room_t > 0, idle_total[j0:j1] * cap / np.where(room_t > 0, room_t, 1.0), 0.0
             )
