@@ -15,8 +15,8 @@ import grpc  # type: ignore[import-untyped]
 import pytest
 from fake_podresources import FakeContainer, FakePodResources, encode_response
 
-from auditor.collect.buffer import Holding
-from auditor.collect.podresources import (
+from auditor.agents.sample.buffer import Holding
+from auditor.agents.sample.podresources import (
     DeviceHolder,
     PodResourcesClient,
     PodResourcesError,
@@ -24,7 +24,7 @@ from auditor.collect.podresources import (
     encode_field,
     normalise_device_id,
 )
-from auditor.collect.sampler import holdings
+from auditor.agents.sample.sampler import holdings
 from auditor.model import GpuRecord
 
 

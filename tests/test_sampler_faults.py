@@ -19,8 +19,8 @@ from fake_nvml.build import SCRIPT_ENV, fake_nvml_library, render_script, write_
 from fake_podresources import FakePodResources
 from test_sampler import GPU_A, GPU_B, T0, Rig, kubelet, script, store, stored
 
-from auditor.collect.buffer import DiskBuffer
-from auditor.collect.sampler_metrics import serve
+from auditor.agents.sample.buffer import DiskBuffer
+from auditor.agents.sample.metrics import serve
 
 __all__ = ["fake_nvml_library", "kubelet", "script", "store"]
 

@@ -37,7 +37,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from auditor.collect.buffer import Holding
+from auditor.agents.sample.buffer import Holding
 from auditor.errors import GpuConflictError, InputError
 from auditor.model import GpuRecord, GpuSample
 from auditor.redact import redact, remember

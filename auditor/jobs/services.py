@@ -46,13 +46,13 @@ def sample(url: str, options: SampleOptions, *, log: Callable[[str], None]) -> N
 
     from prometheus_client import CollectorRegistry
 
-    from auditor.collect.buffer import DiskBuffer
-    from auditor.collect.nvml import NvmlReader
-    from auditor.collect.observe import setup_logging
-    from auditor.collect.podresources import PodResourcesClient
-    from auditor.collect.sampler import Sampler, SamplerSettings
-    from auditor.collect.sampler_metrics import SamplerMetrics, serve
-    from auditor.collect.sink import StoreSink
+    from auditor.agents.sample.buffer import DiskBuffer
+    from auditor.agents.sample.metrics import SamplerMetrics, serve
+    from auditor.agents.sample.nvml import NvmlReader
+    from auditor.agents.sample.podresources import PodResourcesClient
+    from auditor.agents.sample.sampler import Sampler, SamplerSettings
+    from auditor.agents.watch.metrics import setup_logging
+    from auditor.store.sample_sink import StoreSink
 
     setup_logging(json_format=False)  # a store error names the URL: redacted, every flush
     reader = NvmlReader(node=options.node, period_s=options.period_s)
@@ -139,10 +139,10 @@ def watch(
     the watcher with an error, so that Kubernetes restarts it (it resumes from the store)."""
     import signal
 
-    from auditor.collect import kube
-    from auditor.collect.observe import WatchMetrics, serve, setup_logging
-    from auditor.collect.sinks import NodeSink, PodSink, requests_gpus, scope_filter
-    from auditor.collect.watcher import LoopOptions, Reflector
+    from auditor.agents.watch import kube
+    from auditor.agents.watch.metrics import WatchMetrics, serve, setup_logging
+    from auditor.agents.watch.watcher import LoopOptions, Reflector
+    from auditor.jobs.watch_sinks import NodeSink, PodSink, requests_gpus, scope_filter
 
     setup_logging(json_format=options.json_logs)
     in_scope = scope_filter(options.namespace, options.selector)  # a bad selector fails here

@@ -20,7 +20,7 @@ from typing import Protocol
 
 from sqlalchemy import Connection, Engine, select
 
-from auditor.collect.buffer import Batch, Holding, merge_holdings
+from auditor.agents.sample.buffer import Batch, Holding, merge_holdings
 from auditor.errors import shown
 from auditor.model import GpuRecord
 from auditor.store.bounds import RowError, check_row

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from auditor.collect.kube import Event
+from auditor.agents.watch.kube import Event
 from auditor.collect.nodes import node_row
 from auditor.collect.selectors import matcher
 from auditor.collect.workloads import gpu_request, pod_record

@@ -19,20 +19,20 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from auditor.collect.buffer import Batch, BufferStorageError, DiskBuffer, Holding
-from auditor.collect.podresources import DeviceHolder, normalise_device_id
-from auditor.collect.sampler_metrics import SamplerMetrics
-from auditor.collect.sink import Sink, Written
+from auditor.agents.sample.buffer import Batch, BufferStorageError, DiskBuffer, Holding
+from auditor.agents.sample.metrics import SamplerMetrics
+from auditor.agents.sample.podresources import DeviceHolder, normalise_device_id
 from auditor.errors import AuditorError
 from auditor.model import GpuRecord, GpuSample
 from auditor.store.bounds import is_data_error
+from auditor.store.sample_sink import Sink, Written
 from auditor.store.writes import GpuConflict
 
 log = logging.getLogger(__name__)
 
 
 class NodeReading(Protocol):
-    """One pass over the node's devices (`auditor.collect.nvml.Reading` is one)."""
+    """One pass over the node's devices (`auditor.agents.sample.nvml.Reading` is one)."""
 
     @property
     def taken_ms(self) -> int: ...
