@@ -18,12 +18,12 @@ from prometheus_client import CollectorRegistry
 from smalldisk import tmpfs
 from test_sampler import GPU_A, stored
 
-from auditor.agents.sample.buffer import Batch, DiskBuffer, Holding, encode_batch
+from auditor.agents.sample.buffer import DiskBuffer, encode_batch
 from auditor.agents.sample.metrics import SamplerMetrics
 from auditor.agents.sample.nvml import NvmlReader
 from auditor.agents.sample.sampler import NodeReading, Sampler, SamplerSettings
 from auditor.jobs import open_store
-from auditor.model import GpuRecord, GpuSample
+from auditor.model import Batch, GpuRecord, GpuSample, Holding
 from auditor.store.sample_sink import StoreSink
 
 __all__ = ["fake_nvml_library"]

@@ -18,9 +18,9 @@ from sqlalchemy import Engine, select
 from test_cli_import import GOOD_CSV, counts, invoke
 from test_sampler import Rig, script, store, stored
 
-from auditor.model import GpuRecord
+from auditor.model import GpuConflict, GpuRecord
 from auditor.store.schema import gpus
-from auditor.store.writes import GpuConflict, gpu_conflicts, upsert_gpus
+from auditor.store.writes import gpu_conflicts, upsert_gpus
 
 __all__ = ["fake_nvml_library", "script", "store"]
 

@@ -15,7 +15,6 @@ import grpc  # type: ignore[import-untyped]
 import pytest
 from fake_podresources import FakeContainer, FakePodResources, encode_response
 
-from auditor.agents.sample.buffer import Holding
 from auditor.agents.sample.podresources import (
     DeviceHolder,
     PodResourcesClient,
@@ -25,7 +24,7 @@ from auditor.agents.sample.podresources import (
     normalise_device_id,
 )
 from auditor.agents.sample.sampler import holdings
-from auditor.model import GpuRecord
+from auditor.model import GpuRecord, Holding
 
 
 @pytest.fixture

@@ -37,9 +37,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from auditor.agents.sample.buffer import Holding
 from auditor.errors import GpuConflictError, InputError
-from auditor.model import GpuRecord, GpuSample
+from auditor.model import GpuRecord, GpuSample, Holding
 from auditor.redact import redact, remember
 
 MAX_POINTS = 10_000

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from sqlalchemy import Connection, Table, delete, func, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
-from auditor.errors import GpuConflictError, shown
-from auditor.model import GpuRecord, GpuSample, PodRecord
+from auditor.errors import shown
+from auditor.model import GpuConflict, GpuRecord, GpuSample, PodRecord
 from auditor.store.bounds import RowError, check_row
 from auditor.store.bulk import SAMPLE_COLUMNS, object_spans, write_rows
 from auditor.store.ranks import PYTORCH_JOB, settle_pytorch_ranks
@@ -40,23 +40,6 @@ def _upsert(conn: Connection, table: Table) -> Any:
     if conn.dialect.name == "postgresql":
         return postgresql.insert(table)
     return sqlite.insert(table)
-
-
-@dataclass(frozen=True, slots=True)
-class GpuConflict:
-    """A GPU record that contradicts the stored card (or an earlier record of the same
-    write): another node, or another known model, for the same UUID."""
-
-    uuid: str
-    field: str
-    """Which differs: "node" or "model"."""
-    stored: str
-    new: str
-
-    def error(self, *, file: str | None = None, line: int | None = None) -> GpuConflictError:
-        return GpuConflictError(
-            uuid=self.uuid, field=self.field, stored=self.stored, new=self.new, file=file, line=line
-        )
 
 
 def gpu_conflicts(conn: Connection, records: Iterable[GpuRecord]) -> list[GpuConflict]:

@@ -18,33 +18,13 @@ import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
-from dataclasses import astuple, dataclass
+from dataclasses import astuple
 from pathlib import Path
 
 from auditor.errors import AuditorError
-from auditor.model import GpuRecord, GpuSample
+from auditor.model import Batch, GpuRecord, GpuSample, Holding, merge_holdings
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class Holding:
-    """A pod seen holding a GPU from `first_ms` to `last_ms` (pod-resources, by name)."""
-
-    namespace: str
-    pod: str
-    gpu_uuid: str
-    first_ms: int
-    last_ms: int
-
-
-@dataclass(frozen=True, slots=True)
-class Batch:
-    """One sampler pass: the GPUs, their samples, and who held them."""
-
-    gpus: tuple[GpuRecord, ...]
-    samples: tuple[GpuSample, ...]
-    holdings: tuple[Holding, ...]
 
 
 def encode_batch(batch: Batch) -> str:
@@ -379,20 +359,6 @@ class DiskBuffer:
                     with suppress(sqlite3.Error):
                         self._db.execute(f"PRAGMA journal_mode={_JOURNAL}")
         return len(merged) - len(kept)
-
-
-def merge_holdings(holdings: Iterable[Holding]) -> list[Holding]:
-    """One span per (namespace, pod, GPU), widened over every observation."""
-    spans: dict[tuple[str, str, str], Holding] = {}
-    for h in holdings:
-        key = (h.namespace, h.pod, h.gpu_uuid)
-        old = spans.get(key)
-        spans[key] = (
-            h
-            if old is None
-            else Holding(*key, min(old.first_ms, h.first_ms), max(old.last_ms, h.last_ms))
-        )
-    return list(spans.values())
 
 
 def batches_holdings(batches: Sequence[Batch]) -> list[Holding]:

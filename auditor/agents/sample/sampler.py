@@ -19,14 +19,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from auditor.agents.sample.buffer import Batch, BufferStorageError, DiskBuffer, Holding
+from auditor.agents.sample.buffer import BufferStorageError, DiskBuffer
 from auditor.agents.sample.metrics import SamplerMetrics
 from auditor.agents.sample.podresources import DeviceHolder, normalise_device_id
 from auditor.errors import AuditorError
-from auditor.model import GpuRecord, GpuSample
-from auditor.store.bounds import is_data_error
-from auditor.store.sample_sink import Sink, Written
-from auditor.store.writes import GpuConflict
+from auditor.model import Batch, GpuConflict, GpuRecord, GpuSample, Holding, Written
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +51,16 @@ class HolderSource(Protocol):
     """Says which pod containers hold which devices (pod-resources, or a fake)."""
 
     def list_gpu_holders(self) -> Sequence[DeviceHolder]: ...
+
+
+class Sink(Protocol):
+    """Stores batches (`auditor.store.sample_sink.StoreSink` is one); says which holdings
+    wait for their pod and which GPUs were refused, and whether an error it raised was the
+    store refusing the data (then the passes are written alone) rather than being down."""
+
+    def write(self, batches: Sequence[Batch], *, pending: Sequence[Holding]) -> Written: ...
+
+    def is_refusal(self, error: BaseException) -> bool: ...
 
 
 def holdings(reading: NodeReading, holders: Sequence[DeviceHolder]) -> tuple[Holding, ...]:
@@ -155,7 +162,7 @@ class Sampler:
             try:
                 written = self.sink.write([b for _, b in items], pending=pending)
             except Exception as e:
-                if not is_data_error(e):  # the store is down or busy: keep the passes
+                if not self.sink.is_refusal(e):  # the store is down or busy: keep the passes
                     self.metrics.store_errors.inc()
                     log.warning("store write failed, %d passes kept: %s", len(self.buffer), e)
                     return False
@@ -191,7 +198,7 @@ class Sampler:
                 try:
                     written = self.sink.write([batch], pending=attempt)
                 except Exception as e:
-                    if not is_data_error(e):
+                    if not self.sink.is_refusal(e):
                         raise
                     if attempt:  # perhaps it was the holdings: try the pass alone
                         self.metrics.dropped_holdings.inc(len(pending))
