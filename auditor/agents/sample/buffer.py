@@ -23,6 +23,7 @@ from pathlib import Path
 
 from auditor.errors import AuditorError
 from auditor.model import Batch, GpuRecord, GpuSample, Holding, merge_holdings
+from auditor.settings import BUFFER_MAX_MIB
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +58,7 @@ CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NU
 """
 
 MIB = 2**20
-DEFAULT_MAX_BYTES = 200 * MIB
+DEFAULT_MAX_BYTES = int(BUFFER_MAX_MIB * MIB)
 """Batch bodies kept at most: the file stays within 1.2 times this (bodies fill whole
 pages; measured in tests/test_buffer.py), so 256 MiB of disk holds it."""
 MEMORY_MAX_BYTES = 16 * MIB

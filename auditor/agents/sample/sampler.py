@@ -24,6 +24,7 @@ from auditor.agents.sample.metrics import SamplerMetrics
 from auditor.agents.sample.podresources import DeviceHolder, normalise_device_id
 from auditor.errors import AuditorError
 from auditor.model import Batch, GpuConflict, GpuRecord, GpuSample, Holding, Written
+from auditor.settings import SAMPLE_FLUSH_EVERY_S, SAMPLE_PERIOD_S
 
 log = logging.getLogger(__name__)
 
@@ -80,9 +81,9 @@ def holdings(reading: NodeReading, holders: Sequence[DeviceHolder]) -> tuple[Hol
 
 @dataclass(frozen=True)
 class SamplerSettings:
-    period_s: float = 5.0
+    period_s: float = SAMPLE_PERIOD_S
     """Seconds between passes over the devices."""
-    flush_every_s: float = 30.0
+    flush_every_s: float = SAMPLE_FLUSH_EVERY_S
     """Seconds between writes to the store (passes are batched in between)."""
     flush_batches: int = 720
     """Most passes written in one transaction."""

@@ -31,6 +31,7 @@ from typing import Any, Protocol
 
 from auditor.agents.watch.kube import Event, Expired, Page, Unavailable
 from auditor.errors import StoreError
+from auditor.settings import WATCH_TIMEOUT_S
 
 log = logging.getLogger("auditor.watch")
 
@@ -80,7 +81,7 @@ class Backoff:
 
 @dataclass(frozen=True, slots=True)
 class LoopOptions:
-    watch_timeout_s: int = 300
+    watch_timeout_s: int = WATCH_TIMEOUT_S
     """The server ends each watch after this long; the loop then watches again."""
     page_size: int = 500
     """Objects per list page."""
