@@ -734,6 +734,23 @@ def rollup(
 # ---------------------------------------------------------------- node sampler
 
 
+class LogFormat(StrEnum):
+    TEXT = "text"
+    JSON = "json"
+
+
+LogFormatOption = Annotated[
+    LogFormat,
+    typer.Option(
+        "--log-format",
+        envvar=LOG_FORMAT_ENV,
+        show_envvar=True,
+        help="Log lines as text or JSON.",
+    ),
+]
+"""One `--log-format` for both services: the same logging setup (`auditor.agents.serve`)."""
+
+
 @app.command()
 def sample(
     node: Annotated[
@@ -796,6 +813,7 @@ def sample(
             "--passes", min=1, help="Stop after this many passes (default: run until stopped)."
         ),
     ] = None,
+    log_format: LogFormatOption = LogFormat.TEXT,
 ) -> None:
     """Sample this node's GPUs through NVML and record which pod holds each (the DaemonSet)."""
     import socket
@@ -813,16 +831,12 @@ def sample(
             metrics_host=metrics_host,
             metrics_port=None if metrics_port < 0 else metrics_port,
             max_passes=passes,
+            json_logs=log_format is LogFormat.JSON,
         )
         jobs.sample(state.db_url, options, log=lambda m: typer.echo(m, err=True))
 
 
 # ---------------------------------------------------------------- pod watcher
-
-
-class LogFormat(StrEnum):
-    TEXT = "text"
-    JSON = "json"
 
 
 @app.command()
@@ -894,15 +908,7 @@ def watch(
             help="Seconds of silence after which a stream counts as dead.",
         ),
     ] = READ_TIMEOUT_S,
-    log_format: Annotated[
-        LogFormat,
-        typer.Option(
-            "--log-format",
-            envvar=LOG_FORMAT_ENV,
-            show_envvar=True,
-            help="Log lines as text or JSON.",
-        ),
-    ] = LogFormat.TEXT,
+    log_format: LogFormatOption = LogFormat.TEXT,
 ) -> None:
     """Record who held which GPU when: list/watch GPU pods and nodes (the Deployment).
 

@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 from auditor.agents.sample.buffer import DiskBuffer
 from auditor.agents.sample.metrics import SamplerMetrics
 from auditor.agents.sample.sampler import Sampler, SamplerSettings
-from auditor.agents.watch.metrics import setup_logging
+from auditor.agents.serve import setup_logging
 from auditor.cli import app
 from auditor.errors import StoreError
 from auditor.jobs import open_store

@@ -43,6 +43,8 @@ class SampleOptions:
     metrics_port: int | None = SAMPLE_METRICS_PORT
     max_passes: int | None = None
     """Stop after this many passes (tests, benchmarks); None: run until stopped."""
+    json_logs: bool = False
+    """Log one JSON object a line, as the watcher does with the same flag."""
 
 
 def sample(url: str, options: SampleOptions, *, log: Callable[[str], None]) -> None:
@@ -60,10 +62,10 @@ def sample(url: str, options: SampleOptions, *, log: Callable[[str], None]) -> N
     from auditor.agents.sample.nvml import NvmlReader
     from auditor.agents.sample.podresources import PodResourcesClient
     from auditor.agents.sample.sampler import Sampler, SamplerSettings
-    from auditor.agents.watch.metrics import setup_logging
+    from auditor.agents.serve import setup_logging
     from auditor.store.sample_sink import StoreSink
 
-    setup_logging(json_format=False)  # a store error names the URL: redacted, every flush
+    setup_logging(json_format=options.json_logs)  # a store error names the URL: redacted
     reader = NvmlReader(node=options.node, period_s=options.period_s)
     reader.open()
     holders = (
@@ -148,8 +150,9 @@ def watch(
     the watcher with an error, so that Kubernetes restarts it (it resumes from the store)."""
     import signal
 
+    from auditor.agents.serve import setup_logging
     from auditor.agents.watch import kube
-    from auditor.agents.watch.metrics import WatchMetrics, serve, setup_logging
+    from auditor.agents.watch.metrics import WatchMetrics, serve
     from auditor.agents.watch.watcher import LoopOptions, Reflector
     from auditor.jobs.watch_sinks import NodeSink, PodSink, requests_gpus, scope_filter
 
