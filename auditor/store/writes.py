@@ -406,6 +406,18 @@ def close_missing_pods(
     return gone
 
 
+def known_deletions(conn: Connection, uids: Collection[str]) -> dict[str, int]:
+    """The deletion times stored for those of `uids` that have one."""
+    if not uids:
+        return {}
+    rows = conn.execute(
+        select(pods.c.uid, pods.c.deleted_ms).where(
+            pods.c.uid.in_(uids), pods.c.deleted_ms.is_not(None)
+        )
+    )
+    return {uid: int(ms) for uid, ms in rows}
+
+
 def upsert_nodes(conn: Connection, records: Iterable[NodeRow]) -> int:
     """Store the latest view of each node by name. Returns the number of distinct nodes."""
     latest = {r["name"]: r for r in records}
