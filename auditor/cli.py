@@ -445,39 +445,22 @@ def db_upgrade(
     revision: Annotated[str, typer.Option("--revision", help="Target revision.")] = "head",
 ) -> None:
     """Apply migrations up to REVISION (default head)."""
-    from auditor.store import migrate
-    from auditor.store.engine import make_engine
+    from auditor import jobs
 
     with user_errors():
-        engine = make_engine(state.db_url)
-        try:
-            migrate.upgrade(engine, revision=revision)
-            now = migrate.current(engine)
-        except AuditorError:
-            raise
-        except Exception as e:
-            from auditor.jobs import raise_store_error
-
-            raise_store_error(state.db_url, e)
+        now = jobs.db_upgrade(state.db_url, revision=revision)
     typer.echo(f"database at revision {now}")
 
 
 @db_app.command("current")
 def db_current() -> None:
     """Print the database's schema revision and the one this auditor needs."""
-    from auditor.store import migrate
-    from auditor.store.engine import make_engine
+    from auditor import jobs
 
     with user_errors():
-        engine = make_engine(state.db_url)
-        try:
-            now = migrate.current(engine)
-        except Exception as e:
-            from auditor.jobs import raise_store_error
-
-            raise_store_error(state.db_url, e)
-    typer.echo(f"current: {now or '(empty)'}")
-    typer.echo(f"head:    {migrate.head()}")
+        revisions = jobs.db_current(state.db_url)
+    typer.echo(f"current: {revisions.current or '(empty)'}")
+    typer.echo(f"head:    {revisions.head}")
 
 
 # ---------------------------------------------------------------- audit and report
