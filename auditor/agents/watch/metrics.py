@@ -1,5 +1,6 @@
-"""What the watcher tells its operators: Prometheus metrics and a health check (served,
-and logged, through `auditor.agents.serve` as the sampler's are).
+"""What the watcher tells its operators: Prometheus metrics, a health check, JSON logs.
+
+`auditor.agents.serve` serves them and sets up the logs, for the sampler too.
 
 `WatchMetrics` lives on a registry of its own (never the global one), so tests and several
 watchers in one process do not collide. `serve` answers `/metrics` and `/healthz` on one
