@@ -22,7 +22,32 @@ from auditor import __version__
 from auditor.errors import AuditorError, InputError
 from auditor.redact import redact
 from auditor.report.text import terminal_safe
-from auditor.settings import CONFIG_ENV, DB_URL_ENV, Config, default_db_url, load_config
+from auditor.settings import (
+    BUFFER_DIR_ENV,
+    BUFFER_MAX_MIB,
+    BUFFER_MAX_MIB_ENV,
+    CONFIG_ENV,
+    DB_URL_ENV,
+    DB_URL_FILE_ENV,
+    LOG_FORMAT_ENV,
+    METRICS_HOST,
+    METRICS_PORT_ENV,
+    NODE_NAME_ENV,
+    PROMETHEUS_PASSWORD_ENV,
+    PROMETHEUS_TOKEN_ENV,
+    READ_TIMEOUT_S,
+    SAMPLE_FLUSH_EVERY_S,
+    SAMPLE_METRICS_PORT,
+    SAMPLE_PERIOD_S,
+    WATCH_HEALTH_MAX_AGE_S,
+    WATCH_METRICS_PORT,
+    WATCH_NAMESPACE_ENV,
+    WATCH_SELECTOR_ENV,
+    WATCH_TIMEOUT_S,
+    Config,
+    default_db_url,
+    load_config,
+)
 
 app = typer.Typer(
     name="auditor",
@@ -93,7 +118,7 @@ def root(
             envvar=DB_URL_ENV,
             show_envvar=True,
             help="Database URL (sqlite:///FILE or postgresql://...). Default: the URL in the "
-            "file AUDITOR_DB_URL_FILE names, else auditor.db in the working directory.",
+            f"file {DB_URL_FILE_ENV} names, else auditor.db in the working directory.",
         ),
     ] = None,
     config: Annotated[
@@ -345,7 +370,7 @@ def import_prometheus(
         Path | None,
         typer.Option(
             "--bearer-token-file",
-            help="File holding a bearer token (else env AUDITOR_PROMETHEUS_TOKEN).",
+            help=f"File holding a bearer token (else env {PROMETHEUS_TOKEN_ENV}).",
         ),
     ] = None,
     basic_auth_user: Annotated[
@@ -356,7 +381,7 @@ def import_prometheus(
         Path | None,
         typer.Option(
             "--basic-auth-password-file",
-            help="File holding the basic auth password (else env AUDITOR_PROMETHEUS_PASSWORD).",
+            help=f"File holding the basic auth password (else env {PROMETHEUS_PASSWORD_ENV}).",
         ),
     ] = None,
     timeout: Annotated[
@@ -420,39 +445,22 @@ def db_upgrade(
     revision: Annotated[str, typer.Option("--revision", help="Target revision.")] = "head",
 ) -> None:
     """Apply migrations up to REVISION (default head)."""
-    from auditor.store import migrate
-    from auditor.store.engine import make_engine
+    from auditor import jobs
 
     with user_errors():
-        engine = make_engine(state.db_url)
-        try:
-            migrate.upgrade(engine, revision=revision)
-            now = migrate.current(engine)
-        except AuditorError:
-            raise
-        except Exception as e:
-            from auditor.jobs import raise_store_error
-
-            raise_store_error(state.db_url, e)
+        now = jobs.db_upgrade(state.db_url, revision=revision)
     typer.echo(f"database at revision {now}")
 
 
 @db_app.command("current")
 def db_current() -> None:
     """Print the database's schema revision and the one this auditor needs."""
-    from auditor.store import migrate
-    from auditor.store.engine import make_engine
+    from auditor import jobs
 
     with user_errors():
-        engine = make_engine(state.db_url)
-        try:
-            now = migrate.current(engine)
-        except Exception as e:
-            from auditor.jobs import raise_store_error
-
-            raise_store_error(state.db_url, e)
-    typer.echo(f"current: {now or '(empty)'}")
-    typer.echo(f"head:    {migrate.head()}")
+        revisions = jobs.db_current(state.db_url)
+    typer.echo(f"current: {revisions.current or '(empty)'}")
+    typer.echo(f"head:    {revisions.head}")
 
 
 # ---------------------------------------------------------------- audit and report
@@ -709,13 +717,30 @@ def rollup(
 # ---------------------------------------------------------------- node sampler
 
 
+class LogFormat(StrEnum):
+    TEXT = "text"
+    JSON = "json"
+
+
+LogFormatOption = Annotated[
+    LogFormat,
+    typer.Option(
+        "--log-format",
+        envvar=LOG_FORMAT_ENV,
+        show_envvar=True,
+        help="Log lines as text or JSON.",
+    ),
+]
+"""One `--log-format` for both services: the same logging setup (`auditor.agents.serve`)."""
+
+
 @app.command()
 def sample(
     node: Annotated[
         str | None,
         typer.Option(
             "--node",
-            envvar="NODE_NAME",
+            envvar=NODE_NAME_ENV,
             show_envvar=True,
             help="This node's name (default: the host name).",
         ),
@@ -724,29 +749,29 @@ def sample(
         Path,
         typer.Option(
             "--buffer-dir",
-            envvar="AUDITOR_BUFFER_DIR",
+            envvar=BUFFER_DIR_ENV,
             show_envvar=True,
             help="Directory of the on-disk buffer that keeps passes while the database is down.",
         ),
     ] = Path("/var/lib/auditor"),
     period: Annotated[
         float, typer.Option("--period", min=0.1, help="Seconds between passes over the GPUs.")
-    ] = 5.0,
+    ] = SAMPLE_PERIOD_S,
     flush_every: Annotated[
         float,
         typer.Option("--flush-every", min=1.0, help="Seconds between writes to the database."),
-    ] = 30.0,
+    ] = SAMPLE_FLUSH_EVERY_S,
     buffer_max_mib: Annotated[
         float,
         typer.Option(
             "--buffer-max-mib",
-            envvar="AUDITOR_BUFFER_MAX_MIB",
+            envvar=BUFFER_MAX_MIB_ENV,
             show_envvar=True,
             min=0.01,
             help="MiB of passes kept while the database is down; beyond it, or on a full disk, "
             "the oldest are dropped and counted.",
         ),
-    ] = 200.0,
+    ] = BUFFER_MAX_MIB,
     pod_resources: Annotated[
         Path | None,
         typer.Option(
@@ -761,16 +786,17 @@ def sample(
         typer.Option(
             "--metrics-port", help="Port of /metrics and /healthz (0: any free port, -1: none)."
         ),
-    ] = 9402,
+    ] = SAMPLE_METRICS_PORT,
     metrics_host: Annotated[
         str, typer.Option("--metrics-host", help="Address /metrics and /healthz listen on.")
-    ] = "0.0.0.0",
+    ] = METRICS_HOST,
     passes: Annotated[
         int | None,
         typer.Option(
             "--passes", min=1, help="Stop after this many passes (default: run until stopped)."
         ),
     ] = None,
+    log_format: LogFormatOption = LogFormat.TEXT,
 ) -> None:
     """Sample this node's GPUs through NVML and record which pod holds each (the DaemonSet)."""
     import socket
@@ -788,16 +814,12 @@ def sample(
             metrics_host=metrics_host,
             metrics_port=None if metrics_port < 0 else metrics_port,
             max_passes=passes,
+            json_logs=log_format is LogFormat.JSON,
         )
         jobs.sample(state.db_url, options, log=lambda m: typer.echo(m, err=True))
 
 
 # ---------------------------------------------------------------- pod watcher
-
-
-class LogFormat(StrEnum):
-    TEXT = "text"
-    JSON = "json"
 
 
 @app.command()
@@ -817,7 +839,7 @@ def watch(
         typer.Option(
             "--namespace",
             "-n",
-            envvar="AUDITOR_WATCH_NAMESPACE",
+            envvar=WATCH_NAMESPACE_ENV,
             show_envvar=True,
             help="Only pods of this namespace (default: all).",
         ),
@@ -827,7 +849,7 @@ def watch(
         typer.Option(
             "--selector",
             "-l",
-            envvar="AUDITOR_WATCH_SELECTOR",
+            envvar=WATCH_SELECTOR_ENV,
             show_envvar=True,
             help="Only pods matching this label selector.",
         ),
@@ -837,14 +859,14 @@ def watch(
         int,
         typer.Option(
             "--metrics-port",
-            envvar="AUDITOR_METRICS_PORT",
+            envvar=METRICS_PORT_ENV,
             show_envvar=True,
             help="Port of /metrics and /healthz (0: any free port, -1: none).",
         ),
-    ] = 9403,
+    ] = WATCH_METRICS_PORT,
     metrics_host: Annotated[
         str, typer.Option("--metrics-host", help="Address /metrics and /healthz listen on.")
-    ] = "0.0.0.0",
+    ] = METRICS_HOST,
     health_max_age: Annotated[
         float,
         typer.Option(
@@ -852,7 +874,7 @@ def watch(
             min=1.0,
             help="Seconds without a successful sync after which /healthz fails.",
         ),
-    ] = 600.0,
+    ] = WATCH_HEALTH_MAX_AGE_S,
     watch_timeout: Annotated[
         int,
         typer.Option(
@@ -860,7 +882,7 @@ def watch(
             min=1,
             help="Seconds after which the server ends each watch (it is resumed).",
         ),
-    ] = 300,
+    ] = WATCH_TIMEOUT_S,
     read_timeout: Annotated[
         float,
         typer.Option(
@@ -868,16 +890,8 @@ def watch(
             min=0.1,
             help="Seconds of silence after which a stream counts as dead.",
         ),
-    ] = 90.0,
-    log_format: Annotated[
-        LogFormat,
-        typer.Option(
-            "--log-format",
-            envvar="AUDITOR_LOG_FORMAT",
-            show_envvar=True,
-            help="Log lines as text or JSON.",
-        ),
-    ] = LogFormat.TEXT,
+    ] = READ_TIMEOUT_S,
+    log_format: LogFormatOption = LogFormat.TEXT,
 ) -> None:
     """Record who held which GPU when: list/watch GPU pods and nodes (the Deployment).
 

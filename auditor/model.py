@@ -8,9 +8,11 @@ source could not read it (never 0).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+
+from auditor.errors import GpuConflictError
 
 
 class WasteCategory(StrEnum):
@@ -120,3 +122,65 @@ class PodRecord:
         """When the pod stopped holding its GPUs: containers terminated or deleted, first."""
         ends = [t for t in (self.finished_ms, self.deleted_ms) if t is not None]
         return min(ends) if ends else None
+
+
+@dataclass(frozen=True, slots=True)
+class Holding:
+    """A pod seen holding a GPU from `first_ms` to `last_ms` (pod-resources, by name)."""
+
+    namespace: str
+    pod: str
+    gpu_uuid: str
+    first_ms: int
+    last_ms: int
+
+
+def merge_holdings(holdings: Iterable[Holding]) -> list[Holding]:
+    """One span per (namespace, pod, GPU), widened over every observation."""
+    spans: dict[tuple[str, str, str], Holding] = {}
+    for h in holdings:
+        key = (h.namespace, h.pod, h.gpu_uuid)
+        old = spans.get(key)
+        spans[key] = (
+            h
+            if old is None
+            else Holding(*key, min(old.first_ms, h.first_ms), max(old.last_ms, h.last_ms))
+        )
+    return list(spans.values())
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """One sampler pass: the GPUs, their samples, and who held them."""
+
+    gpus: tuple[GpuRecord, ...]
+    samples: tuple[GpuSample, ...]
+    holdings: tuple[Holding, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GpuConflict:
+    """A GPU record that contradicts the stored card (or an earlier record of the same
+    write): another node, or another known model, for the same UUID."""
+
+    uuid: str
+    field: str
+    """Which differs: "node" or "model"."""
+    stored: str
+    new: str
+
+    def error(self, *, file: str | None = None, line: int | None = None) -> GpuConflictError:
+        return GpuConflictError(
+            uuid=self.uuid, field=self.field, stored=self.stored, new=self.new, file=file, line=line
+        )
+
+
+@dataclass(frozen=True)
+class Written:
+    """What a write of sampler batches left over: holdings not joined to a pod yet (kept
+    for the next flush), and the GPUs refused as conflicting with the store, with the
+    samples skipped for them."""
+
+    unresolved: list[Holding]
+    conflicts: tuple[GpuConflict, ...] = ()
+    skipped_samples: int = 0

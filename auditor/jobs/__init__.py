@@ -15,6 +15,7 @@ from auditor.jobs.audit import (
     shard_of,
 )
 from auditor.jobs.common import BATCH_ROWS, ImportStats, open_store, raise_store_error
+from auditor.jobs.database import Revisions, db_current, db_upgrade
 from auditor.jobs.demo import SimulateStats, demo, simulate, truth_check
 from auditor.jobs.imports import (
     PrometheusImportStats,
@@ -40,6 +41,7 @@ __all__ = [
     "ImportStats",
     "PrometheusImportStats",
     "RetentionStats",
+    "Revisions",
     "SampleOptions",
     "SimulateStats",
     "WatchOptions",
@@ -50,6 +52,8 @@ __all__ = [
     "card_ranges",
     "covering_runs",
     "data_window",
+    "db_current",
+    "db_upgrade",
     "demo",
     "explain",
     "export_finance",

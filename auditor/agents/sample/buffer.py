@@ -18,33 +18,14 @@ import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
-from dataclasses import astuple, dataclass
+from dataclasses import astuple
 from pathlib import Path
 
 from auditor.errors import AuditorError
-from auditor.model import GpuRecord, GpuSample
+from auditor.model import Batch, GpuRecord, GpuSample, Holding, merge_holdings
+from auditor.settings import BUFFER_MAX_MIB
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class Holding:
-    """A pod seen holding a GPU from `first_ms` to `last_ms` (pod-resources, by name)."""
-
-    namespace: str
-    pod: str
-    gpu_uuid: str
-    first_ms: int
-    last_ms: int
-
-
-@dataclass(frozen=True, slots=True)
-class Batch:
-    """One sampler pass: the GPUs, their samples, and who held them."""
-
-    gpus: tuple[GpuRecord, ...]
-    samples: tuple[GpuSample, ...]
-    holdings: tuple[Holding, ...]
 
 
 def encode_batch(batch: Batch) -> str:
@@ -77,7 +58,7 @@ CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NU
 """
 
 MIB = 2**20
-DEFAULT_MAX_BYTES = 200 * MIB
+DEFAULT_MAX_BYTES = int(BUFFER_MAX_MIB * MIB)
 """Batch bodies kept at most: the file stays within 1.2 times this (bodies fill whole
 pages; measured in tests/test_buffer.py), so 256 MiB of disk holds it."""
 MEMORY_MAX_BYTES = 16 * MIB
@@ -379,20 +360,6 @@ class DiskBuffer:
                     with suppress(sqlite3.Error):
                         self._db.execute(f"PRAGMA journal_mode={_JOURNAL}")
         return len(merged) - len(kept)
-
-
-def merge_holdings(holdings: Iterable[Holding]) -> list[Holding]:
-    """One span per (namespace, pod, GPU), widened over every observation."""
-    spans: dict[tuple[str, str, str], Holding] = {}
-    for h in holdings:
-        key = (h.namespace, h.pod, h.gpu_uuid)
-        old = spans.get(key)
-        spans[key] = (
-            h
-            if old is None
-            else Holding(*key, min(old.first_ms, h.first_ms), max(old.last_ms, h.last_ms))
-        )
-    return list(spans.values())
 
 
 def batches_holdings(batches: Sequence[Batch]) -> list[Holding]:
