@@ -179,11 +179,11 @@ def _explain(
     cards = set(gang["gpu"])
     ids = [int(i) for i, u in zip(held.gpus["id"], held.gpus["uuid"], strict=True) if u in cards]
     samples = read_audit_samples(conn, start_ms=g_lo, end_ms=g_hi, gpu_ids=ids)
-    # The gang's whole span holds every piece of the target's cards, so their results for
-    # it are their results for the explained span [lo, hi) below.
-    found = classify(
-        samples, gang, window=Window(g_lo, g_hi), thresholds=thresholds, keep_pieces=True
-    )
+    # The target's tenures hold every piece of its cards: their results for this window are
+    # their results for the explained span [lo, hi) below, and the gang's findings are clipped
+    # to when the target held cards.
+    held_span = Window(int(mine["start_ms"].min()), int(mine["end_ms"].max()))
+    found = classify(samples, gang, window=held_span, thresholds=thresholds, keep_pieces=True)
     assert found.pieces is not None
     pieces = found.pieces[found.pieces["pod_uid"].isin(uids)]
     if pieces.empty:
