@@ -593,13 +593,6 @@ def report(
 
     with user_errors():
         window = parse_window(start, end, None)
-        rep = jobs.build_report(
-            state.db_url,
-            start_ms=window[0] if window else None,
-            end_ms=window[1] if window else None,
-            by=GroupBy(by.value),
-            team=team,
-        )
         if fmt is Format.HTML:
             text = jobs.build_report_html(
                 state.db_url,
@@ -614,6 +607,13 @@ def report(
                 return
             typer.echo(text, nl=False)
             return
+        rep = jobs.build_report(
+            state.db_url,
+            start_ms=window[0] if window else None,
+            end_ms=window[1] if window else None,
+            by=GroupBy(by.value),
+            team=team,
+        )
         renderers = {
             Format.TABLE: render_table,
             Format.JSON: render_json,

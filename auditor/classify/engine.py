@@ -18,6 +18,8 @@ Pipeline, each step a vectorised pass over flat arrays (loops only per GPU, gang
    `(100 − u_max)/100` `compute_idle`; other active rows → `(100 − u)/100` `compute_idle`.
 7. Everything is classified over the whole input, then clipped to the window
    (`pieces.Pieces.window_ms`) and summed; findings come from the same clipped pieces.
+   On request (`keep_pieces`) the clipped pieces themselves come back too, one row per
+   piece and category (`pieces.piece_frame`): what `auditor explain` draws over time.
 """
 
 from __future__ import annotations
@@ -35,7 +37,14 @@ from auditor.classify.arrays import INT_MIN, BoolArr, FloatArr, IntArr, empty_in
 from auditor.classify.coverage import load_samples
 from auditor.classify.findings import FindingInputs, build_findings, empty_findings
 from auditor.classify.gangs import GangView, analyse_gangs
-from auditor.classify.pieces import Pieces, Plain, empty_results, sum_results
+from auditor.classify.pieces import (
+    Pieces,
+    Plain,
+    empty_piece_frame,
+    empty_results,
+    piece_frame,
+    sum_results,
+)
 from auditor.classify.runs import RunDecision, classify_runs
 from auditor.classify.shares import Scale, expand, on_physical_cards
 from auditor.classify.timeline import TenureTable, cut_segments, normalise_tenures
@@ -62,10 +71,15 @@ class Classification:
     `WasteCategory`).
     `findings`: columns kind, gang, gpu, pod_uid, start_ms, end_ms, seconds, detail (see
     `auditor.classify.findings`).
+    `pieces`: None unless asked for (`classify(..., keep_pieces=True)`); then the classified
+    pieces over time, columns gpu, pod_uid, start_ms, end_ms, category, seconds, clipped to
+    the window: summed per (gpu, pod_uid, category) they are `results`
+    (`auditor.classify.pieces.piece_frame`).
     """
 
     results: pd.DataFrame
     findings: pd.DataFrame
+    pieces: pd.DataFrame | None = None
 
 
 def _marker_codes(markers: pd.DataFrame | None, tenures: TenureTable) -> tuple[IntArr, ...]:
@@ -154,6 +168,7 @@ def classify(
     cards: pd.DataFrame | None = None,
     activity: pd.DataFrame | None = None,
     shared_cards: Collection[str] = (),
+    keep_pieces: bool = False,
 ) -> Classification:
     """Split every capacity second in `window` into categories (module docstring).
 
@@ -168,10 +183,15 @@ def classify(
     util: a pod's utilisation of the whole card) is each tenant's measured activity.
     `shared_cards` go through the shared path even where every tenure holds them whole (a
     test hook: one tenant of share 1 must come out as the exclusive path does).
+    `keep_pieces`: also return the classified pieces over time (`Classification.pieces`).
     """
     st = load_samples(samples, thresholds=thresholds)
     if st.ts.size == 0:
-        return Classification(results=empty_results(), findings=empty_findings())
+        return Classification(
+            results=empty_results(),
+            findings=empty_findings(),
+            pieces=empty_piece_frame() if keep_pieces else None,
+        )
     shared = expand(
         st,
         tenures,
@@ -288,6 +308,20 @@ def classify(
             thresholds=thresholds,
         )
     )
+    kept = None
+    if keep_pieces:
+        kept = piece_frame(
+            pieces,
+            lo=lo,
+            hi=hi,
+            seconds=seconds,
+            rest=rest,
+            window=(window.start_ms, window.end_ms),
+            tenures=ten,
+            uuids=st.uuids,
+        )
     if shared is not None:
         results, findings = on_physical_cards(results, findings, shared)
-    return Classification(results=results, findings=findings)
+        if kept is not None and shared.physical:
+            kept = kept.assign(gpu=kept["gpu"].map(lambda g: shared.physical.get(g, g)))
+    return Classification(results=results, findings=findings, pieces=kept)

@@ -145,3 +145,84 @@ def sum_results(
             "estimated": est.astype(bool),
         }
     )
+
+
+PIECE_COLUMNS = ["gpu", "pod_uid", "start_ms", "end_ms", "category", "seconds"]
+
+
+def empty_piece_frame() -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            "gpu": pd.Series([], dtype=object),
+            "pod_uid": pd.Series([], dtype=object),
+            "start_ms": pd.Series([], dtype=np.int64),
+            "end_ms": pd.Series([], dtype=np.int64),
+            "category": pd.Series([], dtype=object),
+            "seconds": pd.Series([], dtype=np.float64),
+        }
+    )
+
+
+def piece_frame(
+    pieces: Pieces,
+    *,
+    lo: IntArr,
+    hi: IntArr,
+    seconds: FloatArr,
+    rest: Plain,
+    window: tuple[int, int],
+    tenures: TenureTable,
+    uuids: ObjArr,
+) -> pd.DataFrame:
+    """The classified pieces over time: one row per (piece, category) with seconds > 0.
+
+    Columns `PIECE_COLUMNS`: start_ms and end_ms are the piece clipped to the window (`lo`,
+    `hi`, `seconds` as `Pieces.window_ms` returns them), seconds is the category's fraction
+    of the clipped time, computed as `sum_results` computes it, so that the seconds summed per
+    (gpu, pod_uid, category) are the results. pod_uid is None where nobody held the card.
+    Sorted by gpu, pod_uid (None first), start_ms and category (in `CATEGORIES` order).
+    """
+    has_b = np.flatnonzero(pieces.cat_b >= 0)
+    r_lo = np.maximum(rest.start, window[0])
+    r_hi = np.minimum(rest.end, window[1])
+    r_seconds = np.maximum(r_hi - r_lo, 0) / 1000.0
+    if rest.weight is not None:
+        r_seconds = r_seconds * rest.weight
+    n = pieces.gpu.size
+    gpu = np.concatenate([pieces.gpu, pieces.gpu, pieces.gpu[has_b], rest.gpu])
+    tenure = np.concatenate([pieces.tenure, pieces.tenure, pieces.tenure[has_b], rest.tenure])
+    start = np.concatenate([lo, lo, lo[has_b], r_lo])
+    end = np.concatenate([hi, hi, hi[has_b], r_hi])
+    category = np.concatenate(
+        [np.full(n, codes.BUSY, dtype=np.int64), pieces.cat_a, pieces.cat_b[has_b], rest.category]
+    )
+    part = np.concatenate(
+        [
+            pieces.busy * seconds,
+            pieces.frac_a * seconds,
+            pieces.frac_b[has_b] * seconds[has_b],
+            r_seconds,
+        ]
+    )
+    keep = np.flatnonzero(part > 0)
+    if keep.size == 0:
+        return empty_piece_frame()
+    gpu, tenure, start, end = gpu[keep], tenure[keep], start[keep], end[keep]
+    category, part = category[keep], part[keep]
+    held = tenure >= 0
+    pod = np.full(keep.size, -1, dtype=np.int64)
+    pod[held] = tenures.pod[tenure[held]]
+    order = np.lexsort((category, start, pod, gpu))
+    pod_uid = np.full(keep.size, None, dtype=object)
+    pod_uid[held] = tenures.pods[pod[held]]
+    names = np.array([str(c) for c in CATEGORIES], dtype=object)
+    return pd.DataFrame(
+        {
+            "gpu": pd.Series(uuids[gpu[order]], dtype=object),
+            "pod_uid": pd.Series(pod_uid[order], dtype=object),
+            "start_ms": start[order].astype(np.int64),
+            "end_ms": end[order].astype(np.int64),
+            "category": pd.Series(names[category[order]], dtype=object),
+            "seconds": part[order],
+        }
+    )
