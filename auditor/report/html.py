@@ -18,7 +18,13 @@ import pandas as pd
 
 from auditor.model import CATEGORIES
 from auditor.report.explain import Explanation, duration, grouped_findings, when
-from auditor.report.render import Report, group_keys, rolled_up_note, util_source_note
+from auditor.report.render import (
+    Report,
+    estimated_note,
+    group_keys,
+    rolled_up_note,
+    util_source_note,
+)
 from auditor.report.svg import (
     COLOURS,
     LABELS,
@@ -90,7 +96,7 @@ def _summary(report: Report) -> str:
         _tile("GPU-hours unallocated", f"{t['unallocated_gpu_hours']:,.0f}"),
         _tile("held time on inferred GPU→pod mapping", f"{t['inferred_share']:.0%}"),
     ]
-    notes = (rolled_up_note(report), util_source_note(report))
+    notes = (rolled_up_note(report), util_source_note(report), estimated_note(report))
     flag = "".join(f"<p class='muted'>{html_text(n)}</p>" for n in notes if n is not None)
     return f'<div class="tiles">{"".join(tiles)}</div>{flag}'
 

@@ -67,6 +67,17 @@ def util_source_note(report: Report) -> str | None:
     return f"Utilisation of {', '.join(parts)}." if parts else None
 
 
+def estimated_note(report: Report) -> str | None:
+    """The sentence stating how much held time on shared cards was attributed by share."""
+    share = report.totals.get("estimated_share", 0.0)
+    if not share:
+        return None
+    return (
+        f"{share:.0%} of held GPU-hours are on shared cards without per-pod utilisation: "
+        "the card's activity was split among its tenants by share (estimated attribution)."
+    )
+
+
 def _clean(value: Any) -> Any:
     if value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA:
         return None
@@ -175,7 +186,7 @@ def render_table(report: Report, *, width: int = 150) -> str:
             f"Unallocated: {_num(t['unallocated_gpu_hours'] * scale)} {unit}. "
             f"{t['inferred_share']:.0%} of held GPU-hours rest on inferred GPU→pod mapping."
         )
-    for note in (rolled_up_note(report), util_source_note(report)):
+    for note in (rolled_up_note(report), util_source_note(report), estimated_note(report)):
         if note is not None:
             console.print(note)
     keys = [
