@@ -9,7 +9,7 @@ Pipeline, each step a vectorised pass over flat arrays (loops only per GPU, gang
    Held segments that are uncovered or whose utilisation is unreadable → `unobserved` of
    the pod. The rest are *observed rows*: `u/100` of their time is `busy`.
 4. `runs.classify_runs`: idle runs per tenure card (whole / leading / trailing / long mid).
-5. `gangs.analyse_gangs`: each row against its gang at the same instant; gang-wide gaps and
+5. `gangs.compare_with_gang`: each row against its gang at the same instant; gang-wide gaps and
    their regular series.
 6. Per row, what is left: an idle row while another card of the gang is active →
    `straggler_wait`; an idle row in a checkpoint gap → `checkpoint`; other idle →
@@ -20,6 +20,15 @@ Pipeline, each step a vectorised pass over flat arrays (loops only per GPU, gang
    (`pieces.Pieces.window_ms`) and summed; findings come from the same clipped pieces.
    On request (`keep_pieces`) the clipped pieces themselves come back too, one row per
    piece and category (`pieces.piece_frame`): what `auditor explain` draws over time.
+
+Shared and partitioned cards (SPEC §7) enter between steps 1 and 2: `shares.expand` turns
+each tenant of a shared card into a virtual card and weighs MIG instances; the pieces'
+fractions are then scaled to card-seconds (`shares.Scale`) and put back on the physical
+cards at the end. Without shared cards none of this runs.
+
+Names: `st` is the sample table, `ten` the tenure table, `seg` the segments; `r_…` arrays
+have one entry per *observed row* (a held, covered, readable segment: the rows the rules
+judge); `rest` holds the segments that are wholly one category (unallocated, unobserved).
 """
 
 from __future__ import annotations
@@ -36,7 +45,7 @@ from auditor.classify import codes
 from auditor.classify.arrays import INT_MIN, BoolArr, FloatArr, IntArr, empty_int
 from auditor.classify.coverage import load_samples
 from auditor.classify.findings import FindingInputs, build_findings, empty_findings
-from auditor.classify.gangs import GangView, analyse_gangs
+from auditor.classify.gangs import GangView, compare_with_gang
 from auditor.classify.pieces import (
     Pieces,
     Plain,
@@ -243,7 +252,7 @@ def classify(
     gang_period = np.ones(ten.gangs.size, dtype=np.int64)
     np.maximum.at(gang_period, ten.gang, st.period[ten.gpu])
     m_gang, m_start, m_end = _marker_codes(markers, ten)
-    view = analyse_gangs(
+    view = compare_with_gang(
         gang=ten.gang[r_ten],
         gpu=r_gpu,
         ts=st.ts[r_sample],
