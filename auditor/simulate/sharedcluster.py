@@ -108,6 +108,9 @@ class SharedCluster:
     nodes: list[dict[str, Any]]
     teams: tuple[str, ...]
     jitter_ms: int = 40
+    bystanders: list[tuple[PodPlan, str]] = field(default_factory=list)
+    """Pods (with their node) in the pod list that hold no card in the sampled time: gone
+    before the samplers started, yet part of the history §7's first-fit inference replays."""
 
     @property
     def grid(self) -> Grid:
@@ -245,6 +248,10 @@ def _truths(
             )
             rows.append(pd.DataFrame({"card": c, "how": how, "t": pod, "cat": cat, "sec": sec}))
     raw = pd.concat(rows, ignore_index=True)
+    per_card = raw.groupby(["card", "how"])["sec"].sum()
+    length = (cluster.end_ms - cluster.start_ms) / 1000
+    if not np.allclose(per_card.to_numpy(), length, rtol=1e-9):
+        raise AssertionError("the truth of a card does not sum to the window")
     ten_of = raw["t"].to_numpy()
     pods = [x.pod for x in cluster.tenancies]
 
@@ -385,11 +392,11 @@ def write_cluster(out_dir: Path, cluster: SharedCluster) -> SharedResult:
     node_index = {n["metadata"]["name"]: i for i, n in enumerate(cluster.nodes)}
     objects = []
     seen: set[str] = set()
-    for version, x in enumerate(cluster.tenancies):
-        if x.pod.uid in seen:
+    listed = [(x.pod, cluster.cards[x.card].node) for x in cluster.tenancies]
+    for version, (pod, node) in enumerate([*listed, *cluster.bystanders]):
+        if pod.uid in seen:
             continue
-        seen.add(x.pod.uid)
-        node = cluster.cards[x.card].node
+        seen.add(pod.uid)
         i = node_index.get(node, 0)
         ctx = PodContext(
             node_name=node,
@@ -398,7 +405,7 @@ def write_cluster(out_dir: Path, cluster: SharedCluster) -> SharedResult:
             resource_version=4_100_000 + version,
             now_ms=cluster.end_ms,
         )
-        objects.append(pod_object(x.pod, ctx, namer))
+        objects.append(pod_object(pod, ctx, namer))
     pods_json = out_dir / "pods.json"
     write_pod_list(pods_json, objects)
     nodes_json = out_dir / "nodes.json"
