@@ -210,6 +210,10 @@ def test_hami_annotation_names_a_card_of_its_node(shared: SharedResult) -> None:
         assert notes["hami.io/vgpu-devices-allocated"].split(",")[0] in uuids
         assert notes["hami.io/vgpu-node"] == pod["spec"]["nodeName"] == "gpu-h100-hami-01"
         assert _limits(pod)["nvidia.com/gpu"] == "1"
+    # the node registers its two physical cards as HAMi's device plugin does
+    register = _nodes(shared)["gpu-h100-hami-01"]["metadata"]["annotations"]
+    cards = [d.split(",")[0] for d in register["hami.io/node-nvidia-register"].split(":") if d]
+    assert set(cards) == uuids
     # one asks for memory only: its share is its memory over the card's
     assert sum("nvidia.com/gpucores" not in _limits(p) for p in hami) == 1
 

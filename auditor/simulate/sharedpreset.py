@@ -214,6 +214,14 @@ def _nodes(cards: list[PhysicalCard], namer: Namer, created_ms: int) -> list[dic
             resources={"nvidia.com/gpu": "20"},
             created_ms=created_ms,
             uid=namer.uid(),
+            annotations={
+                "hami.io/node-handshake": "Requesting_2026.11.23 07:29:55",
+                "hami.io/node-nvidia-register": "".join(
+                    f"{c.uuid},10,{c.memory_mib},100,NVIDIA-{c.model},0,true:"
+                    for c in cards
+                    if c.node == "gpu-h100-hami-01"
+                ),
+            },
         ),
         node_object(
             "gpu-h100-01",
