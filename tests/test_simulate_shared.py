@@ -73,6 +73,14 @@ def test_shared_preset_is_deterministic(tmp_path: Path, shared: SharedResult) ->
     assert _digest(other.out_dir) != _digest(again.out_dir)
 
 
+def test_the_simulate_command_writes_the_shared_preset(
+    tmp_path: Path, shared: SharedResult
+) -> None:
+    stats = jobs.simulate(tmp_path, scenario="shared")
+    assert "10 GPUs (shared)" in stats.summary
+    assert _digest(tmp_path) == _digest(shared.out_dir)
+
+
 def _nodes(result: SharedResult) -> dict[str, dict[str, Any]]:
     doc = json.loads(result.nodes_json.read_text())
     assert doc["kind"] == "List"
