@@ -925,7 +925,12 @@ def watch(
 def simulate(
     out: Annotated[Path, typer.Argument(help="Directory to write the scenario's files into.")],
     scenario: Annotated[
-        str, typer.Option("--scenario", help="Preset: demo, small or large.")
+        str,
+        typer.Option(
+            "--scenario",
+            help="Preset: demo, small, large, or shared (MIG, time-slicing, HAMi and whole "
+            "cards; also writes nodes.json and dcgm-exporter OpenMetrics for MIG).",
+        ),
     ] = "demo",
     seed: Annotated[int | None, typer.Option("--seed", help="Override the preset's seed.")] = None,
 ) -> None:

@@ -249,3 +249,20 @@ def start_prometheus(data: Path, root: Path) -> PromServer:
             time.sleep(0.2)
     server.stop()
     raise RuntimeError(f"prometheus not ready within {START_TIMEOUT_S}s")
+
+
+def serve_openmetrics(source: Path, root: Path) -> PromServer:
+    """Backfill one OpenMetrics file (the simulator's `dcgm.om.txt`) with promtool and serve
+    it from a fresh Prometheus under `root`."""
+    found = binaries()
+    if isinstance(found, str):
+        raise RuntimeError(found)
+    data = root / "tsdb"
+    root.mkdir(parents=True, exist_ok=True)
+    subprocess.run(
+        [found[1], "tsdb", "create-blocks-from", "openmetrics", "-q", str(source), str(data)],
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
+    return start_prometheus(data, root)

@@ -30,9 +30,22 @@ def simulate(out_dir: Path, *, scenario: str, seed: int | None = None) -> Simula
 
     from auditor.simulate import SCENARIOS
     from auditor.simulate import simulate as run_simulation
+    from auditor.simulate.sharedpreset import SHARED_SCENARIOS, simulate_shared
 
+    if scenario in SHARED_SCENARIOS:
+        preset = SHARED_SCENARIOS[scenario]
+        shared = preset if seed is None else preset.with_seed(seed)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        made = simulate_shared(out_dir, scenario=shared)
+        return SimulateStats(
+            out_dir,
+            f"{made.tenancies['node'].nunique()} nodes, {made.physical_cards} GPUs "
+            f"(shared), {shared.hours:g} h, {len(made.node_csvs)} nvidia-smi files, "
+            "dcgm.om.txt, pods.json, nodes.json, truth.csv, truth_estimated.csv",
+        )
     if scenario not in SCENARIOS:
-        raise InputError(f"unknown scenario (known: {', '.join(SCENARIOS)})", field="--scenario")
+        known = ", ".join([*SCENARIOS, *SHARED_SCENARIOS])
+        raise InputError(f"unknown scenario (known: {known})", field="--scenario")
     chosen = SCENARIOS[scenario] if seed is None else replace(SCENARIOS[scenario], seed=seed)
     out_dir.mkdir(parents=True, exist_ok=True)
     result = run_simulation(out_dir, scenario=chosen)
