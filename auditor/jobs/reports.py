@@ -49,10 +49,14 @@ def build_report(
     top: int = 3,
 ) -> Report:
     """Read stored audit results for a window (default: the latest audited) into a Report."""
+    from auditor.report.compare import outputs_by, outputs_in_window, sm_by, with_outputs
     from auditor.report.offenders import STRAGGLER_COLUMNS, stragglers, top_offenders
     from auditor.report.render import Report
-    from auditor.report.summary import GroupBy, summarise, totals
+    from auditor.report.summary import GROUP_COLUMNS, GroupBy, summarise, totals
     from auditor.store import reads
+    from auditor.store.outputs import read_outputs, read_sm
+
+    PER_OUTPUT_GROUPS = (GroupBy.JOB, GroupBy.TEAM)
     from auditor.store.rollup import runs_rolled_up_seconds
 
     engine = open_store(url)
@@ -72,6 +76,9 @@ def build_report(
         results = reads.read_results(conn, run_ids)
         findings = reads.read_findings(conn, run_ids)
         rolled = runs_rolled_up_seconds(conn, run_ids)
+        sm = read_sm(conn, run_ids)
+        window = (int(runs["window_start_ms"].min()), int(runs["window_end_ms"].max()))
+        produced = read_outputs(conn, window=window) if by in PER_OUTPUT_GROUPS else None
     scope = results if team is None else results[results["team"] == team]
     if team is not None and scope.empty:
         raise InputError(f"no team {team!r} in this window", field="--team")
@@ -85,8 +92,12 @@ def build_report(
         source = results[["gpu", "util_source"]].drop_duplicates("gpu")
         rows = rows.merge(source, on="gpu", how="left")
         rows.insert(list(rows.columns).index("gpu") + 1, "util_source", rows.pop("util_source"))
+    keys = GROUP_COLUMNS[by]
+    rows = sm_by(sm if team is None else sm[sm["team"] == team], rows, keys)
+    if produced is not None:
+        mine = produced if team is None else produced[produced["team"] == team]
+        rows = with_outputs(rows, outputs_by(outputs_in_window(mine, window=window), keys), keys)
     cards = scope[["gpu", "util_source"]].drop_duplicates("gpu")["util_source"].dropna()
-    window = (int(runs["window_start_ms"].min()), int(runs["window_end_ms"].max()))
     return Report(
         window=window,
         by=by.value,
