@@ -156,6 +156,12 @@ def _short_source(value: Any) -> Any:
     return value
 
 
+def _output_cells(rec: Mapping[Any, Any], *, scale: float, cell: Any) -> list[Any]:
+    produced = _clean(rec["outputs"])
+    text = "-" if produced is None else f"{_num(produced, 0)} {rec['output_unit']}"
+    return [cell(text), _num(rec["gpu_hours_per_1k_outputs"] * scale, 3)]
+
+
 def render_table(report: Report, *, width: int = 150) -> str:
     """A readable terminal report: totals, the grouped table, and the top offenders."""
     from rich.console import Console
@@ -233,18 +239,7 @@ def render_table(report: Report, *, width: int = 150) -> str:
                 if has_sm
                 else []
             ),
-            *(
-                [
-                    cell(
-                        "-"
-                        if _clean(rec["outputs"]) is None
-                        else f"{_num(rec['outputs'], 0)} {rec['output_unit']}"
-                    ),
-                    _num(rec["gpu_hours_per_1k_outputs"] * scale, 3),
-                ]
-                if has_out
-                else []
-            ),
+            *(_output_cells(rec, scale=scale, cell=cell) if has_out else []),
         )
     console.print(table)
     if not report.offenders.empty:
