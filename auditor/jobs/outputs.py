@@ -220,6 +220,28 @@ def import_outputs_prometheus(
     )
 
 
+def store_latency_rows(url: str, rows: Sequence[dict[str, Any]]) -> int:
+    """Store latency bucket increases given per (namespace, pod): what the demo computed from
+    its simulated servers' own histograms, where no Prometheus runs."""
+    from auditor.store.outputs import pods_by_name, write_latency
+
+    engine = open_store(url)
+    with engine.begin() as conn:
+        named = pods_by_name(conn, [(str(r["namespace"]), str(r["pod"])) for r in rows])
+        out = []
+        for r in rows:
+            uid = _holder_at(
+                named.get((str(r["namespace"]), str(r["pod"])), []), int(r["start_ms"])
+            )
+            if uid is None:
+                raise InputError(f"no pod {r['namespace']}/{r['pod']} in the database", field="pod")
+            out.append(
+                {k: r[k] for k in ("metric", "start_ms", "end_ms", "le", "count")}
+                | {"pod_uid": uid}
+            )
+        return write_latency(conn, out)
+
+
 # ---------------------------------------------------------------- compare
 
 _SIDE = re.compile(r"^(job|team|label)=(.+)@(.+)\.\.(.+)$")

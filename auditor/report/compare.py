@@ -35,6 +35,10 @@ from auditor.model import CATEGORIES, PLATFORM_TEAM, SCHEDULING_WASTE
 
 UNIT_PREFERENCE = ("tokens", "samples", "steps", "inferences", "requests", "prompt_tokens")
 """Where a pod or group has several units, the one its `outputs` counts: the first present."""
+SERVING_UNITS = frozenset({"tokens", "requests", "inferences", "prompt_tokens"})
+"""Units of served traffic: where outputs count requests served, outputs per hour is the
+traffic, and traffic that differs by more than 20 % confounds a comparison. A training job's
+samples per hour is its throughput, not traffic."""
 CONDITIONS = ("throughput", "latency", "quality", "gpu_hours_per_output")
 TRAFFIC_TOLERANCE = 0.20
 UNOBSERVED_TOLERANCE = 0.05
@@ -251,7 +255,8 @@ def confounders(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
     if a["world_size"] != b["world_size"]:
         out.append(f"different world size: {a['world_size']} vs {b['world_size']} pods")
     ta, tb = a.get("outputs_per_hour"), b.get("outputs_per_hour")
-    if ta and tb and abs(tb - ta) / ta > TRAFFIC_TOLERANCE:
+    serving = a["output_unit"] in SERVING_UNITS or b["output_unit"] in SERVING_UNITS
+    if serving and ta and tb and abs(tb - ta) / ta > TRAFFIC_TOLERANCE:
         out.append(
             f"traffic differs by {100 * (tb - ta) / ta:+.0f} % (outputs per hour), more than"
             f" {100 * TRAFFIC_TOLERANCE:.0f} %"
@@ -359,6 +364,8 @@ def _fmt(value: Any) -> str:
     if isinstance(value, float):
         if abs(value) >= 1000:
             return f"{value:,.0f}"
+        if value and abs(value) < 0.1:
+            return f"{value:.3g}"
         return f"{value:.3f}" if abs(value) < 10 else f"{value:.1f}"
     return str(value)
 
