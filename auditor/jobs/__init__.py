@@ -29,6 +29,7 @@ from auditor.jobs.outputs import (
     import_outputs_csv,
     import_outputs_prometheus,
     parse_side,
+    store_latency_rows,
 )
 from auditor.jobs.reports import (
     build_report,
@@ -76,6 +77,7 @@ __all__ = [
     "sample",
     "shard_of",
     "simulate",
+    "store_latency_rows",
     "truth_check",
     "watch",
 ]

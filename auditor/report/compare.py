@@ -4,9 +4,10 @@ Pure: frames in (the audit results, outputs, latency buckets the store reads), f
 
 The **verdict** holds only if all four conditions hold (tolerance `tol`, default 5 %):
 
-- `throughput`: B's outputs per GPU-hour held is higher than A's, and B did not serve less:
-  its outputs per hour of window are not lower than A's by more than `tol` (spending fewer
-  GPU-hours by doing less work is not an improvement);
+- `throughput`: B delivers at least A's outputs per hour of its window (within `tol`): a
+  change that spends fewer GPU-hours by doing less work is no improvement, and a serving
+  change cannot raise the traffic it is sent (its throughput per GPU rising is what
+  `gpu_hours_per_output` checks);
 - `latency`: B's p50 and p95 are no higher than A's by more than `tol` (checked where both
   sides have latency data);
 - `quality`: no worse than A's by more than `tol`, in the direction the metric says is
@@ -284,10 +285,8 @@ def _worse(a: float | None, b: float | None, *, tol: float, lower_is_better: boo
 def failed_conditions(a: Mapping[str, Any], b: Mapping[str, Any], *, tol: float) -> list[str]:
     """The conditions of the verdict that fail, in the order of `CONDITIONS`."""
     failed: list[str] = []
-    ta, tb = a.get("throughput_per_gpu_hour"), b.get("throughput_per_gpu_hour")
     ra, rb = a.get("outputs_per_hour"), b.get("outputs_per_hour")
-    served_less = ra is not None and rb is not None and rb < ra * (1 - tol)
-    if ta is None or tb is None or not tb > ta or served_less:
+    if ra is None or rb is None or not ra > 0 or rb < ra * (1 - tol):
         failed.append("throughput")
     if any(
         _worse(a.get(k), b.get(k), tol=tol, lower_is_better=True)
