@@ -94,7 +94,8 @@ def test_report_by_job_and_team_has_per_output_columns(store: str, tmp_path: Pat
     by_team = invoke(store, "report", "--by", "team", "--format", "csv")
 
     row, platform = json.loads(by_job.output)  # type: ignore[attr-defined]
-    assert platform["team"] == "(platform)" and platform["outputs"] is None
+    assert platform["team"] == "(platform)"
+    assert platform["outputs"] is None
     # 1.5 GPU-hours held (busy 0.75) for 1,500 samples; the row after the window is not counted
     assert row["outputs"] == pytest.approx(1500)
     assert row["output_unit"] == "samples"

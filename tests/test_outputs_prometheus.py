@@ -54,7 +54,7 @@ def hand_series() -> str:
             f'vllm:generation_tokens_total{{namespace="team-a",pod="web-0"}} {team_a(k)} {t}',
             f'vllm:generation_tokens_total{{namespace="team-b",pod="web-0"}} {50 + 5 * k} {t}',
             f'vllm:generation_tokens_total{{namespace="team-a",pod="ghost"}} {7 * (k + 1)} {t}',
-            f"vllm:generation_tokens_total{{job=\"vllm\"}} {k + 1} {t}",
+            f'vllm:generation_tokens_total{{job="vllm"}} {k + 1} {t}',
         ]
     lines.append("# TYPE vllm:e2e_request_latency_seconds_bucket gauge")
     for k in range(-1, 41):
@@ -90,7 +90,9 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PromServer]
     server.stop()
 
 
-def pod(namespace: str, name: str, uid: str, *, bound: int, finished: int | None = None) -> PodRecord:
+def pod(
+    namespace: str, name: str, uid: str, *, bound: int, finished: int | None = None
+) -> PodRecord:
     rec = bare_pod(
         name, uid, bound_ms=bound * 1000, finished_ms=None if finished is None else finished * 1000
     )
@@ -129,7 +131,10 @@ def test_counters_with_a_reset_are_summed_per_pod_and_interval(
     )
 
     rows = stored(store)
-    got = {(u, s): v for u, s, v in zip(rows["pod_uid"], rows["start_ms"], rows["outputs"])}
+    got = {
+        (u, s): v
+        for u, s, v in zip(rows["pod_uid"], rows["start_ms"], rows["outputs"], strict=True)
+    }
     first, second = WINDOW[0], WINDOW[0] + 300_000
     # team-a: 19 steps of +10, then the restart's 4 (not 4 - 290); then 20 steps of +10
     assert got == {
