@@ -256,3 +256,27 @@ def test_bad_sides_are_one_line_errors(story: tuple[str, Any], side: str, messag
     assert result.exit_code == 2
     assert message in result.output
     assert len(result.output.strip().splitlines()) == 1
+
+
+def test_the_demo_tells_the_ab_story_and_keeps_its_own_window_latest(tmp_path: Path) -> None:
+    from auditor.simulate import SCENARIOS
+
+    text = jobs.demo(tmp_path, log=lambda _: None)
+
+    story = text[text.index("A/B: did the change make the work cheaper?") :]
+    serving, training = story.split("Training abtest/resnet")
+    assert "Verdict: the change does not hold (failed: latency)." in serving
+    assert "different GPU count" in serving
+    assert "Verdict: the change holds." in training
+    assert "Confounders: none found" in training
+    start = SCENARIOS["demo"].start_ms
+    report = jobs.build_report(
+        f"sqlite:///{tmp_path / 'auditor.db'}", start_ms=None, end_ms=None, by=by("team"), team=None
+    )
+    assert report.window[0] == start
+
+
+def by(name: str) -> Any:
+    from auditor.report.summary import GroupBy
+
+    return GroupBy(name)
