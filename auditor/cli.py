@@ -437,6 +437,103 @@ def import_prometheus(
         )
 
 
+@import_app.command("outputs")
+def import_outputs(
+    file: Annotated[
+        Path | None,
+        typer.Argument(
+            metavar="[FILE.csv]",
+            help="Outputs CSV: job|pod,start,end,outputs,unit[,quality,quality_better].",
+        ),
+    ] = None,
+    url: Annotated[
+        str | None,
+        typer.Option("--url", help="Prometheus base URL to read serving counters from."),
+    ] = None,
+    start: StartOption = None,
+    end: EndOption = None,
+    since: SinceOption = None,
+    metric: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--metric",
+            metavar="NAME[:unit]",
+            help="Output counter, repeatable (default: vLLM, Triton and TGI counters).",
+        ),
+    ] = None,
+    latency: Annotated[
+        str,
+        typer.Option("--latency", help="Latency histogram ('' for none)."),
+    ] = "vllm:e2e_request_latency_seconds",
+    step: Annotated[str, typer.Option("--step", help="Resolution of the counters read.")] = "15s",
+    interval: Annotated[
+        str, typer.Option("--interval", help="Length of each stored interval per pod.")
+    ] = "5m",
+    bearer_token_file: Annotated[
+        Path | None,
+        typer.Option("--bearer-token-file", help="File holding a bearer token."),
+    ] = None,
+    basic_auth_user: Annotated[
+        str | None, typer.Option("--basic-auth-user", help="Basic auth user.")
+    ] = None,
+    basic_auth_password_file: Annotated[
+        Path | None,
+        typer.Option("--basic-auth-password-file", help="File holding the basic auth password."),
+    ] = None,
+    timeout: Annotated[
+        str, typer.Option("--timeout", help="Longest one query may take, to its last byte.")
+    ] = "60s",
+) -> None:
+    """Import useful output per pod: serving counters and latency from Prometheus (--url), or
+    an outputs CSV for training (samples, steps, tokens) with an optional quality column."""
+    from auditor import jobs
+    from auditor.collect.outputs import parse_metric
+    from auditor.collect.prometheus import credentials
+
+    with user_errors():
+        if (file is None) == (url is None):
+            raise InputError("give an outputs CSV or --url, one of them", field="FILE")
+        if file is not None:
+            stats = jobs.import_outputs_csv(state.db_url, file)
+            source = str(file)
+        else:
+            assert url is not None
+            window = parse_window(start, end, since)
+            if window is None:
+                raise InputError("give --start and --end, or --since", field="--start")
+            clean, auth = credentials(
+                url,
+                user=basic_auth_user,
+                password_file=basic_auth_password_file,
+                token_file=bearer_token_file,
+            )
+            stats = jobs.import_outputs_prometheus(
+                state.db_url,
+                prometheus_url=clean,
+                window=window,
+                step_s=parse_duration(step, option="--step").total_seconds(),
+                metrics=[parse_metric(m) for m in metric] if metric else None,
+                latency=latency,
+                auth=auth,
+                timeout_s=parse_duration(timeout, option="--timeout").total_seconds(),
+                interval_s=max(
+                    1, int(parse_duration(interval, option="--interval").total_seconds())
+                ),
+            )
+            source = redact(clean)
+    typer.echo(
+        f"imported {stats.rows} output rows and {stats.latency_rows} latency bucket rows of "
+        f"{stats.pods} pods from {terminal_safe(source)} in {stats.seconds:.1f}s"
+        + (f" ({stats.resets} counter resets)" if stats.resets else "")
+    )
+    if stats.unresolved:
+        typer.echo(
+            f"{stats.unresolved} series intervals name pods not in the database: "
+            "import the pods, then run this import again",
+            err=True,
+        )
+
+
 # ---------------------------------------------------------------- db
 
 
@@ -973,3 +1070,58 @@ def demo(
 
 def main() -> None:
     app()
+
+
+class CompareFormat(StrEnum):
+    TABLE = "table"
+    JSON = "json"
+    HTML = "html"
+
+
+@app.command()
+def compare(
+    a: Annotated[
+        str,
+        typer.Argument(
+            metavar="A",
+            help="Before: SELECTOR@START..END, SELECTOR job=NS/Kind/name, team=T or label=K=V.",
+        ),
+    ],
+    b: Annotated[str, typer.Argument(metavar="B", help="After, in the same form.")],
+    fmt: Annotated[
+        CompareFormat, typer.Option("--format", help="Output format.")
+    ] = CompareFormat.TABLE,
+    tolerance: Annotated[
+        float,
+        typer.Option("--tolerance", min=0.0, max=1.0, help="Latency/quality tolerance (0.05)."),
+    ] = 0.05,
+    out: Annotated[
+        Path | None, typer.Option("--out", help="Write to this file instead of stdout.")
+    ] = None,
+) -> None:
+    """Did a change make the work cheaper? GPU-hours, outputs, latency and quality of A and B
+    side by side, the confounders, and the verdict."""
+    from auditor import jobs
+    from auditor.report.compare import (
+        render_compare_html,
+        render_compare_json,
+        render_compare_table,
+    )
+
+    with user_errors():
+        result = jobs.compare(
+            state.db_url,
+            jobs.parse_side(a, option="A"),
+            jobs.parse_side(b, option="B"),
+            tolerance=tolerance,
+        )
+        renderers = {
+            CompareFormat.TABLE: render_compare_table,
+            CompareFormat.JSON: render_compare_json,
+            CompareFormat.HTML: render_compare_html,
+        }
+        text = renderers[fmt](result)
+        if out is not None:
+            write_atomically(out, text)
+            return
+    typer.echo(text, nl=False)

@@ -73,11 +73,15 @@ def _read_report(
 ) -> tuple[Report, pd.DataFrame]:
     """The Report of `build_report`, and the stored results it was made of (of `team` only,
     when given)."""
+    from auditor.report.compare import outputs_by, outputs_in_window, sm_by, with_outputs
     from auditor.report.offenders import STRAGGLER_COLUMNS, stragglers, top_offenders
     from auditor.report.render import Report
-    from auditor.report.summary import GroupBy, summarise, totals
+    from auditor.report.summary import GROUP_COLUMNS, GroupBy, summarise, totals
     from auditor.store import reads
+    from auditor.store.outputs import read_outputs, read_sm
     from auditor.store.rollup import runs_rolled_up_seconds
+
+    per_output_groups = (GroupBy.JOB, GroupBy.TEAM)
 
     runs = reads.runs_in_window(conn, start_ms=start_ms, end_ms=end_ms)
     if runs.empty:
@@ -94,6 +98,9 @@ def _read_report(
     results = reads.read_results(conn, run_ids)
     findings = reads.read_findings(conn, run_ids)
     rolled = runs_rolled_up_seconds(conn, run_ids)
+    sm = read_sm(conn, run_ids)
+    window = (int(runs["window_start_ms"].min()), int(runs["window_end_ms"].max()))
+    produced = read_outputs(conn, window=window) if by in per_output_groups else None
     scope = results if team is None else results[results["team"] == team]
     if team is not None and scope.empty:
         raise InputError(f"no team {team!r} in this window", field="--team")
@@ -107,8 +114,12 @@ def _read_report(
         source = results[["gpu", "util_source"]].drop_duplicates("gpu")
         rows = rows.merge(source, on="gpu", how="left")
         rows.insert(list(rows.columns).index("gpu") + 1, "util_source", rows.pop("util_source"))
+    keys = GROUP_COLUMNS[by]
+    rows = sm_by(sm if team is None else sm[sm["team"] == team], rows, keys)
+    if produced is not None:
+        mine = produced if team is None else produced[produced["team"] == team]
+        rows = with_outputs(rows, outputs_by(outputs_in_window(mine, window=window), keys), keys)
     cards = scope[["gpu", "util_source"]].drop_duplicates("gpu")["util_source"].dropna()
-    window = (int(runs["window_start_ms"].min()), int(runs["window_end_ms"].max()))
     report = Report(
         window=window,
         by=by.value,

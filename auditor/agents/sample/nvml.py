@@ -7,6 +7,10 @@ is covered rather than aliased by one point; where the buffer is not supported t
 reading (`nvmlDeviceGetUtilizationRates`) stands in. A sample is stamped with the start of
 the time it averages (the previous read), so it covers exactly that time (SPEC §3).
 
+SM activity comes from GPM (Hopper and later): a GPM sample per card each read, and the SM
+utilisation between it and the previous read's (so the first read of a card has none); a
+card without GPM support has `None`.
+
 A field NVML does not support, or fails to read, is `None`, never 0. A MIG-enabled card is
 reported as its MIG instances (GPUs of their own, NVML has no utilisation for them: `None`),
 not as the parent, whose capacity they share.
@@ -77,6 +81,9 @@ class NvmlReader:
         self._last_read_ms: int | None = None
         self._last_seen_us: dict[str, int] = {}
         self._no_buffer: set[str] = set()
+        self._gpm: dict[str, Any] = {}
+        """Per card with GPM support: its GPM sample of the previous read (None: none yet)."""
+        self._no_gpm: set[str] = set()
 
     def open(self) -> None:
         try:
@@ -85,6 +92,10 @@ class NvmlReader:
             raise DriverError(f"cannot initialise NVML: {e}") from e
 
     def close(self) -> None:
+        for sample in self._gpm.values():
+            if sample is not None:
+                _optional(pynvml.nvmlGpmSampleFree, sample)
+        self._gpm.clear()
         _optional(pynvml.nvmlShutdown)
 
     def read(self) -> Reading:
@@ -159,6 +170,7 @@ class NvmlReader:
         throttle = _optional(_throttle_reasons, handle)
         clock = _optional(pynvml.nvmlDeviceGetClockInfo, handle, pynvml.NVML_CLOCK_SM)
         temp = _optional(pynvml.nvmlDeviceGetTemperature, handle, pynvml.NVML_TEMPERATURE_GPU)
+        sm_active = self._sm_active(handle, uuid) if parent is None else None
         out[0].append(
             GpuRecord(
                 uuid,
@@ -181,8 +193,45 @@ class NvmlReader:
                 sm_clock_mhz=None if clock is None else float(clock),
                 throttle_reasons=None if throttle is None else f"0x{throttle:016x}",
                 temperature_c=None if temp is None else float(temp),
+                sm_active=sm_active,
             )
         )
+
+    def _sm_active(self, handle: Any, uuid: str) -> float | None:
+        """GPM SM utilisation (0-1) since the previous read; None without GPM or a previous
+        sample, or where the metric cannot be read."""
+        if uuid in self._no_gpm:
+            return None
+        if uuid not in self._gpm:
+            support = _optional(pynvml.nvmlGpmQueryDeviceSupport, handle)
+            if support is None or not support.isSupportedDevice:
+                self._no_gpm.add(uuid)
+                return None
+            self._gpm[uuid] = None
+        previous = self._gpm[uuid]
+        sample = _optional(pynvml.nvmlGpmSampleAlloc)
+        if sample is None or _optional(pynvml.nvmlGpmSampleGet, handle, sample) is None:
+            if sample is not None:
+                _optional(pynvml.nvmlGpmSampleFree, sample)
+            return None
+        self._gpm[uuid] = sample
+        if previous is None:
+            return None
+        try:
+            get = pynvml.c_nvmlGpmMetricsGet_t()
+            get.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+            get.numMetrics = 1
+            get.sample1, get.sample2 = previous, sample
+            get.metrics[0].metricId = pynvml.NVML_GPM_METRIC_SM_UTIL
+            pynvml.nvmlGpmMetricsGet(get)
+        except pynvml.NVMLError:
+            return None
+        finally:
+            _optional(pynvml.nvmlGpmSampleFree, previous)
+        metric = get.metrics[0]
+        if metric.nvmlReturn != pynvml.NVML_SUCCESS:
+            return None
+        return min(1.0, max(0.0, float(metric.value) / 100.0))
 
     def _utilisation(self, handle: Any, uuid: str, window: tuple[int, int]) -> float | None:
         """Mean of the buffered samples since the last one seen; else the point reading."""
