@@ -4,34 +4,29 @@ Both are written whole or not at all, so that a reader (finance's import, node-e
 textfile collector, a mail job) never sees half a file:
 
 - a local path (or `file://`) through a temporary file beside it, then a rename;
-- `s3://`, `gs://` (`gcs://`) and `az://` (`abfs://`) through fsspec's filesystem for the
-  scheme (s3fs, gcsfs, adlfs: the `object-store` extra), in one `pipe_file` call: the body
-  is sent as one PUT (s3fs and gcsfs for anything this size; a multipart or block upload
-  of a larger body is also only visible once committed), never a partial object.
+- `s3://`, `gs://` and `az://` (or `abfs://`) through obstore's fsspec filesystem
+  (the `object-store` extra: one Rust library for the three clouds, with no dependency that
+  clashes with the Kubernetes client's, as botocore's python-dateutil bound does), in one
+  `pipe_file` call: one PUT of the whole body, never a partial object.
 
-Credentials, region and endpoint come from the environment as each SDK reads them
-(`AWS_*` and `~/.aws`, Google's application default credentials, `AZURE_STORAGE_*`), never
-from the auditor's own configuration. A filesystem is made afresh for every write, so a
-long-lived process picks up rotated credentials.
+Credentials, region and endpoint come from the environment as each cloud's SDK names them
+(`AWS_ACCESS_KEY_ID`, `AWS_REGION`, `AWS_ENDPOINT_URL`, web identity tokens;
+`GOOGLE_APPLICATION_CREDENTIALS` or the metadata server; `AZURE_STORAGE_ACCOUNT_NAME` with a
+key, or workload identity), never from the auditor's own configuration. A filesystem is
+made afresh for every write, so a long-lived process picks up rotated credentials.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from auditor.errors import InputError
 
-OBJECT_STORES: dict[str, str] = {
-    "s3": "s3fs",
-    "s3a": "s3fs",
-    "gs": "gcsfs",
-    "gcs": "gcsfs",
-    "az": "adlfs",
-    "abfs": "adlfs",
-    "abfss": "adlfs",
-}
-"""URL schemes written through fsspec -> the package that provides each."""
+OBJECT_STORES = frozenset({"s3", "s3a", "gs", "az", "abfs", "abfss"})
+"""URL schemes written to an object store."""
 
 
 def scheme_of(target: str) -> str | None:
@@ -74,18 +69,18 @@ def write_output(target: str, data: bytes) -> None:
     if scheme == "file":
         write_local(Path(target.partition("://")[2]), data)
         return
-    import fsspec
-
     try:
-        fs, path = fsspec.core.url_to_fs(target, skip_instance_cache=True)
+        from obstore.fsspec import FsspecStore
     except ImportError as e:
         raise InputError(
-            f"{scheme}:// needs {OBJECT_STORES[scheme]}: "
-            "pip install 'gpu-waste-auditor[object-store]'",
+            f"{scheme}:// needs obstore: pip install 'gpu-waste-auditor[object-store]'",
             field="--out",
         ) from e
+    # typed per protocol literal in obstore's stubs; `scheme` is one of OBJECT_STORES
+    make: Callable[..., Any] = FsspecStore
     try:
-        fs.pipe_file(path, data)
+        fs = make(scheme, skip_instance_cache=True)
+        fs.pipe_file(target, data)
     except Exception as e:  # each SDK has its own errors (botocore's, google's, azure's)
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise InputError(f"cannot write: {reason}", file=target) from e
