@@ -225,16 +225,9 @@ def file_progress(path: Path, label: str) -> Iterator[Callable[[int], None] | No
 def write_atomically(path: Path, text: str) -> None:
     """Write via a temporary file and rename, so readers (node-exporter's textfile
     collector, a mail job) never see half a file."""
-    import os
+    from auditor.jobs.destinations import write_local
 
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        with tmp.open("w", encoding="utf-8", newline="") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise InputError(f"cannot write: {e.strerror}", file=str(path)) from e
+    write_local(path, text.encode("utf-8"))
 
 
 # ---------------------------------------------------------------- import
@@ -765,18 +758,31 @@ def export_finance(
         typer.Option("--week", help="ISO week, e.g. 2026-W48, or 'last' for the previous week."),
     ],
     out: Annotated[
-        Path | None,
-        typer.Option("--out", help="Write here instead of stdout; {week} in it becomes the week."),
+        str | None,
+        typer.Option(
+            "--out",
+            metavar="PATH|URL",
+            envvar="AUDITOR_FINANCE_OUT",
+            show_envvar=True,
+            help="Write here instead of stdout: a path, or s3://, gs://, az:// (credentials "
+            "from the environment as each SDK reads them); {week} in it becomes the week.",
+        ),
     ] = None,
 ) -> None:
-    """The weekly finance CSV: one row per team × GPU model, plus the platform rows."""
+    """The weekly finance CSV: one row per team × GPU model, plus the platform rows.
+
+    Written whole or not at all: a local file through a temporary file and a rename, an
+    object in one upload (never a partial object)."""
     from auditor import jobs
+    from auditor.jobs.destinations import check_target, write_output
 
     with user_errors():
+        if out is not None:
+            check_target(out)
         chosen = last_week(datetime.now(UTC)) if week == "last" else week
         text = jobs.export_finance(state.db_url, week=chosen, config=state.config())
         if out is not None:
-            write_atomically(Path(str(out).replace("{week}", chosen)), text)
+            write_output(out.replace("{week}", chosen), text.encode("utf-8"))
             return
     typer.echo(text, nl=False)
 
@@ -972,6 +978,15 @@ def watch(
             help="Seconds without a successful sync after which /healthz fails.",
         ),
     ] = WATCH_HEALTH_MAX_AGE_S,
+    metrics_top_jobs: Annotated[
+        int,
+        typer.Option(
+            "--metrics-top-jobs",
+            min=0,
+            help="/metrics also serves the latest complete audit (read at most once a minute): "
+            "the figures of this many jobs that wasted most (0: none; teams always).",
+        ),
+    ] = 10,
     watch_timeout: Annotated[
         int,
         typer.Option(
@@ -1009,6 +1024,7 @@ def watch(
             watch_timeout_s=watch_timeout,
             read_timeout_s=read_timeout,
             json_logs=log_format is LogFormat.JSON,
+            audit_top_jobs=metrics_top_jobs,
         )
         jobs.watch(
             state.db_url, options, config=state.config(), log=lambda m: typer.echo(m, err=True)

@@ -134,6 +134,9 @@ class WatchOptions:
     read_timeout_s: float = READ_TIMEOUT_S
     """A stream silent this long counts as dead (servers bookmark about every minute)."""
     json_logs: bool = False
+    audit_top_jobs: int = 10
+    """/metrics also serves the latest complete audit (read at most once a minute), with the
+    figures of this many jobs that wasted most; 0: no job figures."""
 
 
 def watch(
@@ -171,6 +174,11 @@ def watch(
     )
     kinds = (kube.Kind.PODS, kube.Kind.NODES) if options.nodes else (kube.Kind.PODS,)
     metrics = WatchMetrics(tuple(str(k) for k in kinds))
+    from auditor.jobs.metrics import AuditCollector, latest_audit_figures
+
+    metrics.registry.register(
+        AuditCollector(lambda: latest_audit_figures(engine), top_jobs=options.audit_top_jobs)
+    )
     pod_sink = PodSink(
         engine,
         scope=pod_source.scope,

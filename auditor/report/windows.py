@@ -85,3 +85,37 @@ def choose_runs(runs: pd.DataFrame, *, start_ms: int, end_ms: int) -> RunChoice:
     )
     ids = [int(i) for i, w in zip(inside["id"], pairs, strict=True) if w in keys]
     return RunChoice(run_ids=sorted(ids), missing=missing, incomplete=incomplete)
+
+
+@dataclass(frozen=True)
+class LatestAudit:
+    run_ids: list[int]
+    window: tuple[int, int]
+    completed_ms: int
+    """When its last run (its last shard) was stored."""
+
+
+def latest_complete(runs: pd.DataFrame) -> LatestAudit | None:
+    """The most recently stored audit window whose runs are complete (an unsharded run, or
+    every shard of a sharded one): a sharded audit still running, or one whose shards
+    failed, does not hide the previous complete one. `runs` as in `choose_runs`, with
+    created_ms. None when no window is complete."""
+    best: LatestAudit | None = None
+    best_key: tuple[int, int] | None = None
+    for key, group in runs.groupby(["window_start_ms", "window_end_ms"], sort=True):
+        a, b = (int(str(v)) for v in key)
+        shards = set(group["shard"])
+        if "all" in shards:
+            chosen = group[group["shard"] == "all"]
+        elif shards_complete(shards):
+            chosen = group
+        else:
+            continue
+        completed = int(chosen["created_ms"].max())
+        rank = (completed, b)
+        if best_key is None or rank > best_key:
+            best_key = rank
+            best = LatestAudit(
+                run_ids=sorted(int(i) for i in chosen["id"]), window=(a, b), completed_ms=completed
+            )
+    return best

@@ -1,0 +1,257 @@
+"""The latest complete audit on the watcher's /metrics: what a Prometheus scrape reads.
+
+What a user relies on: the watcher, started as `auditor watch` starts it, serves the same
+team × category GPU-hours and shares as `auditor report --format json`, the figures of a
+bounded number of jobs, and the audit's window; it reads the store at most once a minute
+whatever the scrape rate, keeps serving the last figures through a database outage, and
+never counts a sharded audit whose shards are not all stored.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+from kubeapi import FakeApiServer, wait_until
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+from typer.testing import CliRunner
+
+from auditor import jobs
+from auditor.cli import app
+from auditor.jobs.metrics import READ_METRIC_NAMES, AuditCollector, latest_audit_figures
+from auditor.model import CATEGORIES
+from auditor.report.audit_metrics import AUDIT_METRIC_NAMES, audit_families
+from auditor.report.summary import GroupBy
+from auditor.report.windows import latest_complete
+from auditor.settings import Config, Thresholds
+from auditor.simulate import SCENARIOS, simulate
+from auditor.store.engine import make_engine
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def audited(tmp_path_factory: pytest.TempPathFactory) -> str:
+    tmp = tmp_path_factory.mktemp("metrics")
+    url = f"sqlite:///{tmp / 'auditor.db'}"
+    sim = simulate(tmp / "c", scenario=SCENARIOS["small"])
+    for node, path in sorted(sim.node_csvs.items()):
+        jobs.import_nvidia_smi(url, path, node=node)
+    jobs.import_pods(url, sim.pods_json, config=Config())
+    jobs.audit(url, window=(sim.window_start_ms, sim.window_end_ms), thresholds=Thresholds())
+    return url
+
+
+def report_json(url: str, *args: str) -> list[dict[str, Any]]:
+    result = runner.invoke(app, ["--db", url, "report", "--format", "json", *args])
+    assert result.exit_code == 0, result.output
+    rows: list[dict[str, Any]] = json.loads(result.output)
+    return rows
+
+
+def scrape(url: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        text = resp.read().decode()
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out.setdefault(s.name, []).append((dict(s.labels), s.value))
+    return out
+
+
+@pytest.fixture
+def watcher(audited: str, tmp_path: Path) -> Iterator[str]:
+    """`jobs.watch` as the CLI runs it, against the stand-in API server; yields /metrics."""
+    lines: list[str] = []
+    stop = threading.Event()
+    with FakeApiServer() as server:
+        options = jobs.WatchOptions(
+            kubeconfig=str(server.kubeconfig(tmp_path / "kubeconfig")),
+            nodes=False,
+            metrics_host="127.0.0.1",
+            metrics_port=0,
+            audit_top_jobs=3,
+        )
+        thread = threading.Thread(
+            target=jobs.watch,
+            args=(audited, options),
+            kwargs={"config": Config(), "log": lines.append, "stop": stop},
+            daemon=True,
+        )
+        thread.start()
+        try:
+            line = wait_until(lambda: next((m for m in lines if "/metrics" in m), None))
+            port = re.search(r":(\d+)/metrics", line)
+            assert port is not None, line
+            yield f"http://127.0.0.1:{port.group(1)}/metrics"
+        finally:
+            stop.set()
+            thread.join(timeout=20)
+    assert not thread.is_alive()
+
+
+def test_the_watcher_serves_the_reports_team_figures(audited: str, watcher: str) -> None:
+    got = scrape(watcher)
+    teams = report_json(audited)
+
+    hours = {(s["team"], s["category"]): v for s, v in got["auditor_audit_gpu_hours"]}
+    want = {(r["team"], c.value): r[f"{c.value}_gpu_hours"] for r in teams for c in CATEGORIES}
+    assert hours.keys() == want.keys()
+    for key, value in want.items():
+        assert hours[key] == pytest.approx(value, abs=1e-6), key  # JSON keeps 6 decimals
+    for metric, field in (
+        ("auditor_audit_scheduling_waste_ratio", "scheduling_waste_share"),
+        ("auditor_audit_compute_idle_ratio", "compute_idle_share"),
+        ("auditor_audit_inferred_mapping_ratio", "inferred_share"),
+    ):
+        shares = {s["team"]: v for s, v in got[metric]}
+        expected = {r["team"]: r[field] for r in teams if r[field] is not None}
+        assert shares == pytest.approx(expected, abs=1e-6), metric
+    reserved = {s["team"]: v for s, v in got["auditor_audit_reserved_idle_ratio"]}
+    assert reserved == pytest.approx(
+        {
+            r["team"]: r["reserved_idle_gpu_hours"] / r["allocated_gpu_hours"]
+            for r in teams
+            if r["allocated_gpu_hours"] > 0
+        },
+        abs=1e-6,
+    )
+    # the health metrics are still there beside them
+    assert "auditor_watch_relists_total" in got
+
+
+def test_the_watcher_serves_a_bounded_number_of_jobs_and_the_window(
+    audited: str, watcher: str
+) -> None:
+    got = scrape(watcher)
+    by_job = {(r["namespace"], r["job"]): r for r in report_json(audited, "--by", "job")}
+
+    series = got["auditor_audit_job_gpu_hours"]
+    served = {(s["job_namespace"], s["job_name"]) for s, _ in series}
+    assert len(served) == 3  # --metrics-top-jobs
+    wasted = {
+        k: r["scheduling_waste_gpu_hours"] + r["compute_idle_gpu_hours"] for k, r in by_job.items()
+    }
+    assert sorted(wasted[k] for k in served) == sorted(wasted.values())[-3:]
+    for labels, value in series:
+        row = by_job[(labels["job_namespace"], labels["job_name"])]
+        assert labels["team"] == row["team"]
+        assert value == pytest.approx(row[f"{labels['category']}_gpu_hours"], abs=1e-6)
+    window = jobs.build_report(audited, start_ms=None, end_ms=None, by=GroupBy.TEAM, team=None)
+    start = got["auditor_audit_window_start_timestamp_seconds"][0][1]
+    end = got["auditor_audit_window_end_timestamp_seconds"][0][1]
+    assert (start, end) == (window.window[0] / 1000, window.window[1] / 1000)
+    fleet = got["auditor_audit_capacity_gpu_hours"][0][1]
+    assert fleet == pytest.approx(sum(v for _, v in got["auditor_audit_gpu_hours"]), rel=1e-9)
+
+
+def test_every_family_the_renderer_can_emit_is_named(audited: str) -> None:
+    figures = latest_audit_figures(make_engine(audited))
+
+    names = {f.name for f in audit_families(figures, top_jobs=5)}
+
+    assert {f"{n}" for n in names} == {n.removesuffix("_total") for n in AUDIT_METRIC_NAMES}
+
+
+class Source:
+    """A store read the tests control: figures, or a failure."""
+
+    def __init__(self, figures: Any) -> None:
+        self.figures = figures
+        self.fail = False
+        self.calls = 0
+
+    def __call__(self) -> Any:
+        self.calls += 1
+        if self.fail:
+            raise OSError("database is down")
+        return self.figures
+
+
+def exposition(collector: AuditCollector) -> str:
+    registry = CollectorRegistry()
+    registry.register(collector)
+    return generate_latest(registry).decode()
+
+
+def test_the_store_is_read_at_most_once_a_minute_and_an_outage_keeps_the_figures(
+    audited: str,
+) -> None:
+    source = Source(latest_audit_figures(make_engine(audited)))
+    now = [1000.0]
+    collector = AuditCollector(source, clock=lambda: now[0])
+
+    first = exposition(collector)
+    for _ in range(5):
+        now[0] += 11.0
+        assert exposition(collector) == first
+    assert source.calls == 1
+    now[0] += 5.0  # 60 s after the first read
+    source.fail = True
+    during = exposition(collector)
+
+    assert source.calls == 2
+    assert "auditor_audit_read_errors_total 1.0" in during
+
+    def hours(text: str) -> list[str]:
+        return [line for line in text.splitlines() if line.startswith("auditor_audit_gpu_hours{")]
+
+    assert hours(during) == hours(first)
+    assert hours(first)
+
+
+def test_before_any_audit_only_the_read_metrics_are_served() -> None:
+    text = exposition(AuditCollector(Source(None)))
+
+    served = {f.name for f in text_string_to_metric_families(text)}
+    assert served == {"auditor_audit_read_errors", "auditor_audit_last_read_timestamp_seconds"}
+    assert {"auditor_audit_read_errors_total"} < READ_METRIC_NAMES
+
+
+def runs(rows: list[tuple[int, int, int, str, int]]) -> pd.DataFrame:
+    columns = ["id", "window_start_ms", "window_end_ms", "shard", "created_ms"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+@pytest.mark.parametrize(
+    ("rows", "want"),
+    [
+        pytest.param([], None, id="no-runs"),
+        pytest.param([(1, 0, 10, "all", 100)], ([1], (0, 10)), id="one-run"),
+        pytest.param(
+            [(1, 0, 10, "all", 100), (2, 10, 20, "all", 200)], ([2], (10, 20)), id="newest"
+        ),
+        pytest.param(
+            [(1, 0, 10, "all", 100), (2, 10, 20, "0/2", 200)],
+            ([1], (0, 10)),
+            id="sharded-incomplete-is-skipped",
+        ),
+        pytest.param(
+            [(1, 0, 10, "all", 100), (2, 10, 20, "0/2", 200), (3, 10, 20, "1/2", 210)],
+            ([2, 3], (10, 20)),
+            id="sharded-complete",
+        ),
+        pytest.param(
+            [(1, 0, 10, "0/2", 100), (2, 0, 10, "all", 50)], ([2], (0, 10)), id="all-wins"
+        ),
+        pytest.param(
+            [(1, 10, 20, "all", 100), (2, 0, 10, "all", 300)],
+            ([2], (0, 10)),
+            id="a-re-audit-of-an-older-window-is-the-latest-stored",
+        ),
+    ],
+)
+def test_latest_complete_audit(
+    rows: list[tuple[int, int, int, str, int]], want: tuple[list[int], tuple[int, int]] | None
+) -> None:
+    got = latest_complete(runs(rows))
+
+    assert (None if got is None else (got.run_ids, got.window)) == want
