@@ -165,6 +165,7 @@ def watch(
         teams=config.teams,
         in_scope=in_scope,
         on_skip=lambda reason: metrics.skipped("pods", reason),
+        sharing=config.sharing,
     )
     pairs: list[tuple[kube.KubeSource, Any]] = [(pod_source, pod_sink)]
     if options.nodes:
@@ -195,7 +196,11 @@ def watch(
                     metrics=metrics,
                     stop=stop,
                     options=loop,
-                    keep=requests_gpus if source.kind is kube.Kind.PODS else None,
+                    keep=(
+                        (lambda pod: requests_gpus(pod, config.sharing))
+                        if source.kind is kube.Kind.PODS
+                        else None
+                    ),
                 ),
             ),
             name=f"watch-{source.kind}",
