@@ -22,29 +22,34 @@ from dataclasses import astuple, dataclass
 from pathlib import Path
 
 from auditor.errors import AuditorError
-from auditor.model import GpuRecord, GpuSample
+from auditor.model import GpuRecord, GpuSample, TenantSample
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
 class Holding:
-    """A pod seen holding a GPU from `first_ms` to `last_ms` (pod-resources, by name)."""
+    """A pod seen holding a GPU from `first_ms` to `last_ms` (pod-resources, by name);
+    `replicas`: how many time-slicing device IDs (`GPU-…::j`) of the card it holds, None for
+    a card not handed out in replicas."""
 
     namespace: str
     pod: str
     gpu_uuid: str
     first_ms: int
     last_ms: int
+    replicas: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Batch:
-    """One sampler pass: the GPUs, their samples, and who held them."""
+    """One sampler pass: the GPUs, their samples, who held them, and each pod's own
+    utilisation of the cards (per-process utilisation, when on)."""
 
     gpus: tuple[GpuRecord, ...]
     samples: tuple[GpuSample, ...]
     holdings: tuple[Holding, ...]
+    tenants: tuple[TenantSample, ...] = ()
 
 
 def encode_batch(batch: Batch) -> str:
@@ -53,17 +58,22 @@ def encode_batch(batch: Batch) -> str:
             [astuple(g) for g in batch.gpus],
             [astuple(s) for s in batch.samples],
             [astuple(h) for h in batch.holdings],
+            [astuple(t) for t in batch.tenants],
         ],
         separators=(",", ":"),
     )
 
 
 def decode_batch(text: str) -> Batch:
-    gpus, samples, holdings = json.loads(text)
+    """A batch as `encode_batch` wrote it, or as an earlier version did (no tenants, records
+    with fewer fields): a buffer kept over an upgrade is still written."""
+    gpus, samples, holdings, *rest = json.loads(text)
+    tenants = rest[0] if rest else []
     return Batch(
         tuple(GpuRecord(*g) for g in gpus),
         tuple(GpuSample(*s) for s in samples),
         tuple(Holding(*h) for h in holdings),
+        tuple(TenantSample(*t) for t in tenants),
     )
 
 
@@ -71,7 +81,7 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS batches (seq INTEGER PRIMARY KEY AUTOINCREMENT, body TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS unresolved (
     namespace TEXT NOT NULL, pod TEXT NOT NULL, gpu_uuid TEXT NOT NULL,
-    first_ms INTEGER NOT NULL, last_ms INTEGER NOT NULL,
+    first_ms INTEGER NOT NULL, last_ms INTEGER NOT NULL, replicas INTEGER,
     PRIMARY KEY (namespace, pod, gpu_uuid));
 CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
 """
@@ -115,6 +125,9 @@ def _connect(target: str) -> tuple[sqlite3.Connection, int, int]:
         db.execute(f"PRAGMA journal_mode={_JOURNAL}")
         db.execute("PRAGMA synchronous=NORMAL")
         db.executescript(_SCHEMA)
+        columns = {row[1] for row in db.execute("PRAGMA table_info(unresolved)")}
+        if "replicas" not in columns:  # a buffer file of an earlier version
+            db.execute("ALTER TABLE unresolved ADD COLUMN replicas INTEGER")
         count, size = db.execute(
             "SELECT count(*), coalesce(sum(length(body)), 0) FROM batches"
         ).fetchone()
@@ -336,7 +349,7 @@ class DiskBuffer:
     def unresolved(self) -> list[Holding]:
         with self._lock, self._storage("read"):
             rows = self._db.execute(
-                "SELECT namespace, pod, gpu_uuid, first_ms, last_ms FROM unresolved"
+                "SELECT namespace, pod, gpu_uuid, first_ms, last_ms, replicas FROM unresolved"
             ).fetchall()
         return [Holding(*r) for r in rows]
 
@@ -349,7 +362,9 @@ class DiskBuffer:
         self._db.execute("DELETE FROM batches WHERE seq <= ?", (upto_seq,))
         self._db.execute("DELETE FROM unresolved")
         self._db.executemany(
-            "INSERT INTO unresolved VALUES (?, ?, ?, ?, ?)", [astuple(h) for h in kept]
+            "INSERT INTO unresolved (namespace, pod, gpu_uuid, first_ms, last_ms, replicas)"
+            " VALUES (?, ?, ?, ?, ?, ?)",
+            [astuple(h) for h in kept],
         )
         self._bump("dropped_holdings", dropped_holdings)
         self._db.execute("COMMIT")
@@ -382,15 +397,21 @@ class DiskBuffer:
 
 
 def merge_holdings(holdings: Iterable[Holding]) -> list[Holding]:
-    """One span per (namespace, pod, GPU), widened over every observation."""
+    """One span per (namespace, pod, GPU), widened over every observation; the replicas the
+    most of any observation (a pod's share of a card does not shrink while it runs)."""
     spans: dict[tuple[str, str, str], Holding] = {}
     for h in holdings:
         key = (h.namespace, h.pod, h.gpu_uuid)
         old = spans.get(key)
-        spans[key] = (
-            h
-            if old is None
-            else Holding(*key, min(old.first_ms, h.first_ms), max(old.last_ms, h.last_ms))
+        if old is None:
+            spans[key] = h
+            continue
+        counts = [r for r in (old.replicas, h.replicas) if r is not None]
+        spans[key] = Holding(
+            *key,
+            min(old.first_ms, h.first_ms),
+            max(old.last_ms, h.last_ms),
+            max(counts) if counts else None,
         )
     return list(spans.values())
 

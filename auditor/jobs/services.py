@@ -34,6 +34,9 @@ class SampleOptions:
     metrics_port: int | None = 9402
     max_passes: int | None = None
     """Stop after this many passes (tests, benchmarks); None: run until stopped."""
+    proc_root: Path | None = None
+    """The host's `/proc`, to read per-process GPU utilisation and put it in pods (SPEC §7;
+    needs `hostPID: true`); None: off."""
 
 
 def sample(url: str, options: SampleOptions, *, log: Callable[[str], None]) -> None:
@@ -55,7 +58,7 @@ def sample(url: str, options: SampleOptions, *, log: Callable[[str], None]) -> N
     from auditor.collect.sink import StoreSink
 
     setup_logging(json_format=False)  # a store error names the URL: redacted, every flush
-    reader = NvmlReader(node=options.node, period_s=options.period_s)
+    reader = NvmlReader(node=options.node, period_s=options.period_s, proc_root=options.proc_root)
     reader.open()
     holders = (
         None
