@@ -46,8 +46,7 @@ from auditor.collect.kubectl_json import (
     to_record,
     watch_error,
 )
-from auditor.collect.workloads import PodFieldError
-from auditor.errors import InputError, shown
+from auditor.errors import InputError, PodFieldError, shown
 from auditor.settings import Sharing, TeamRules
 
 Loader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)

@@ -225,8 +225,8 @@ def _from_annotations(annotations: Mapping[str, str], rules: Sharing) -> GpuAsk:
         if value < 1:
             return GpuAsk(1, RUNAI_ALLOCATED, KIND_RUNAI, share=value)
         cards = math.ceil(value)
-        share = None if value == cards else value / cards
-        return GpuAsk(cards, RUNAI_ALLOCATED, KIND_RUNAI if share else None, share=share)
+        split = None if value == cards else value / cards
+        return GpuAsk(cards, RUNAI_ALLOCATED, KIND_RUNAI if split else None, share=split)
     return NO_GPU
 
 
