@@ -12,13 +12,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from sqlalchemy import Engine, select
 from typer.testing import CliRunner
 
 from auditor.cli import app
+from auditor.collect import shares
 from auditor.collect.kubectl_files import read_kubectl
 from auditor.collect.sinks import PodSink, requests_gpus
-from auditor.errors import ConfigError
+from auditor.errors import ConfigError, PodFieldError
 from auditor.model import GpuRecord, PodRecord
 from auditor.settings import Sharing, TeamRules, load_config
 from auditor.store import reads
@@ -315,3 +318,60 @@ def test_a_bad_sharing_kind_in_the_config_is_named(tmp_path: Path) -> None:
     config.write_text('[sharing.resources]\n"example.com/vgpu" = "half"\n')
     with pytest.raises(ConfigError, match=re.escape("sharing.resources.example.com/vgpu")):
         load_config(config)
+
+
+def test_a_card_named_on_two_nodes_is_kept_on_the_first(engine: Engine) -> None:
+    """Two watched pods whose annotations put one card on two nodes: the card goes on the
+    first node, the other pod's claim is left out, and the watcher goes on."""
+    items = json.loads((FIXTURES / "hami.json").read_text())["items"][:2]
+    items[1]["spec"]["nodeName"] = "gpu-hami-9"
+    sink = PodSink(engine, scope="pods", teams=TeamRules(), in_scope=lambda _n, _l: True)
+    assert sink.replace(items, resource_version="3", at_ms=1_800_000_000_000) == 2
+    with engine.connect() as conn:
+        mapping = reads.read_assignments(conn)
+        node = conn.execute(select(gpus.c.node).where(gpus.c.uuid == CARD)).scalar_one()
+    assert node == "gpu-hami-1"
+    assert mapping["pod_uid"].tolist() == [items[0]["metadata"]["uid"]]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    key=st.sampled_from(
+        [
+            "gpu-fraction",
+            "runai-allocated-gpus",
+            "nvidia.com/mig-1g.10gb",
+            "gpu-fraction-num-devices",
+        ]
+    ),
+    value=st.text(max_size=12),
+)
+def test_any_annotation_value_is_a_share_or_a_named_refusal(key: str, value: str) -> None:
+    """Whatever text an annotation holds, the ask is readable or refused naming the field:
+    never another exception, never a share outside (0, 1]."""
+    annotations = {"gpu-fraction": "0.5", key: value}
+    field = ""
+    try:
+        ask = shares.gpu_ask({}, {}, namespace="ml", annotations=annotations)
+    except PodFieldError as e:
+        field = e.field or "(none)"
+    if field:
+        assert field.startswith("metadata.annotations.")
+        return
+    assert ask.count >= 1
+    assert ask.share is None or 0 < ask.share <= 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(qty=st.one_of(st.text(max_size=10), st.integers(-5, 10**6), st.floats()))
+def test_any_hami_quantity_is_a_number_or_a_named_refusal(qty: object) -> None:
+    field = ""
+    try:
+        value = shares.per_device_value("nvidia.com/gpumem", qty, "spec.containers[0].x")
+    except PodFieldError as e:
+        field = e.field or "(none)"
+    if field:
+        assert field == "spec.containers[0].x"
+        return
+    assert math.isfinite(value)
+    assert value >= 0

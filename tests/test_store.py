@@ -378,3 +378,20 @@ def test_results_say_which_time_was_estimated(engine: Engine) -> None:
     with engine.connect() as conn:
         got = reads.read_results(conn, [run]).sort_values("seconds")
     assert got["estimated"].tolist() == [False, True]  # unsaid: false
+
+
+def test_a_rollup_deletes_per_pod_utilisation_before_its_cut(engine: Engine) -> None:
+    """Raw per-tenant rows do not outlive the raw samples they go with."""
+    from auditor.settings import Thresholds
+    from auditor.store.rollup import rollup
+
+    with engine.begin() as conn:
+        ids = upsert_gpus(conn, [GpuRecord(uuid="GPU-a", node="n1")])
+        insert_samples(conn, [GpuSample("GPU-a", t, 50.0) for t in (0, 60_000, 180_000)], ids)
+        insert_tenant_samples(
+            conn, [TenantSample("GPU-a", "u-1", t, 25.0) for t in (0, 60_000, 180_000)], ids
+        )
+        rollup(conn, before_ms=120_000, thresholds=Thresholds())
+    with engine.connect() as conn:
+        left = reads.read_tenant_util(conn, [(ids["GPU-a"], 0, 10**9)], {ids["GPU-a"]: "GPU-a"})
+    assert left["ts_ms"].tolist() == [180_000]

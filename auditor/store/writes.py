@@ -387,7 +387,10 @@ def upsert_exact_assignments(
             )
         )
     }
-    new = {a.gpu_uuid: GpuRecord(a.gpu_uuid, a.node) for a in given if a.gpu_uuid not in stored}
+    new: dict[str, GpuRecord] = {}
+    for a in given:  # a card new to the store goes on the node that first names it
+        if a.gpu_uuid not in stored:
+            new.setdefault(a.gpu_uuid, GpuRecord(a.gpu_uuid, a.node))
     for rec in new.values():
         check_row(gpus, gpu_row(rec), what=f"GPU {shown(rec.uuid)}")
     ids = {u: i for u, (i, _, _) in stored.items()}
