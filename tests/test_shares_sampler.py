@@ -213,7 +213,9 @@ def test_replicas_profiles_and_each_pods_own_use_reach_the_store(
         ("GPU-aaaa", UID_TRAIN, stamp, 42.0),  # pids 101 and 102, summed
         ("GPU-aaaa", UID_NB, stamp, 25.0),
     ]
-    assert loop.reader.unattributed_processes == 2  # type: ignore[attr-defined]
+    counted = loop.metrics.registry.get_sample_value
+    assert counted("auditor_sampler_unattributed_processes_total") == 2  # pids 999 and 404
+    assert counted("auditor_sampler_tenant_samples_total") == 2
 
 
 def pd_na(value: object) -> bool:

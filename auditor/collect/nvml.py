@@ -63,6 +63,8 @@ class Reading:
     problems: tuple[DeviceProblem, ...]
     tenants: tuple[TenantSample, ...] = ()
     """Per-pod utilisation of whole cards (only with per-process utilisation on)."""
+    unattributed: int = 0
+    """Processes using a card this pass that are in no pod (or gone before looked up)."""
 
 
 def _optional(call: Callable[..., Any], *args: Any) -> Any:
@@ -107,8 +109,7 @@ class NvmlReader:
         self._last_proc_us: dict[str, int] = {}
         self._no_buffer: set[str] = set()
         self._pods = None if proc_root is None else PodsOfProcesses(proc_root)
-        self.unattributed_processes = 0
-        """Process samples of processes in no pod (or gone before they were looked up)."""
+        self._unattributed = 0
 
     def open(self) -> None:
         try:
@@ -136,6 +137,7 @@ class NvmlReader:
         samples: list[GpuSample] = []
         problems: list[DeviceProblem] = []
         tenants: list[TenantSample] = []
+        self._unattributed = 0
         for index in range(count):
             uuid: str | None = None
             try:
@@ -163,7 +165,14 @@ class NvmlReader:
                         tenants += self._tenants(handle, uuid, start_ms)
             except pynvml.NVMLError as e:
                 problems.append(DeviceProblem(index, uuid, str(e)))
-        return Reading(now_ms, tuple(gpus), tuple(samples), tuple(problems), tuple(tenants))
+        return Reading(
+            now_ms,
+            tuple(gpus),
+            tuple(samples),
+            tuple(problems),
+            tuple(tenants),
+            self._unattributed,
+        )
 
     def _tenants(self, handle: Any, uuid: str, stamp_ms: int) -> list[TenantSample]:
         """Per-pod utilisation of a whole card since the last read: each process's samples
@@ -187,7 +196,7 @@ class NvmlReader:
         for pid, values in per_pid.items():
             pod = self._pods.pod_of(pid)
             if pod is None:
-                self.unattributed_processes += 1
+                self._unattributed += 1
                 continue
             per_pod[pod] = per_pod.get(pod, 0.0) + sum(values) / len(values)
         return [

@@ -129,6 +129,8 @@ class Sampler:
         for problem in reading.problems:
             log.warning("device unreadable: %s", problem)
         tenants = tuple(getattr(reading, "tenants", ()))  # a reader may read none
+        self.metrics.tenant_samples.inc(len(tenants))
+        self.metrics.unattributed_processes.inc(getattr(reading, "unattributed", 0))
         batch = Batch(tuple(reading.gpus), tuple(reading.samples), held, tenants)
         dropped = self.buffer.push(batch)
         self.metrics.passed(
