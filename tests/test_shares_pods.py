@@ -56,6 +56,7 @@ DECISIONS: dict[tuple[str, str], Expected] = {
     ("hami", "hami-plain-0"): (1, "nvidia.com/vgpu", "hami", None, None, None),
     ("hami", "hami-pct-0"): (2, "nvidia.com/gpu", "hami", None, None, 0.5),  # cores "0": none
     ("hami", "hami-gib-0"): (1, "nvidia.com/gpu", "hami", 0.25, 2048.0, None),
+    ("hami", "hami-defaults-0"): (1, "nvidia.com/gpumem", "hami", None, 4096.0, None),
     # Run:ai: annotations only; the reservation pod holds nothing of its own
     ("runai", "frac-job-0-0"): (1, "gpu-fraction", "runai", 0.5, None, None),
     ("runai", "runai-reservation-gpu-runai-1-7x2kq"): (
@@ -308,8 +309,10 @@ def test_extra_names_from_the_config(tmp_path: Path) -> None:
         for r in read_kubectl(path, teams=TeamRules(), sharing=sharing)
         if isinstance(r, PodRecord)
     }
-    assert set(plain) == set()  # unknown names: no GPU pod
+    assert set(plain) == {"hami-cores-0"}  # HAMi's own values alone: its default, one vGPU
+    assert plain["hami-cores-0"].gpu_resource == "nvidia.com/gpucores,nvidia.com/gpumem"
     assert (got["hami-cores-0"].share_kind, got["hami-cores-0"].gpu_share) == ("hami", 0.3)
+    assert got["hami-cores-0"].gpu_resource == "example.com/vgpu"
     assert (got["frac-job-0-0"].share_kind, got["frac-job-0-0"].gpu_share) == ("runai", 0.2)
 
 

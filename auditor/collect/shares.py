@@ -7,7 +7,8 @@ A pod is a GPU pod when it asks for any of:
 - MIG instances: `nvidia.com/mig-<P>` resources, or Run:ai's `nvidia.com/mig-<P>: "1"`
   annotation (with `runai-allocated-mig-gpus`);
 - HAMi vGPUs: `nvidia.com/vgpu`, or `nvidia.com/gpu` beside HAMi's `nvidia.com/gpucores`,
-  `nvidia.com/gpumem` (MiB) or `nvidia.com/gpumem-percentage`;
+  `nvidia.com/gpumem` (MiB) or `nvidia.com/gpumem-percentage` (those alone: one vGPU, HAMi's
+  default);
 - Run:ai fractions: the `gpu-fraction` annotation (with `gpu-fraction-num-devices`), else
   `runai-allocated-gpus`; pods of the `runai-reservation` namespace are Run:ai's
   placeholders, kept as `runai-reservation` with no card of their own;
@@ -129,8 +130,8 @@ def _from_resources(
     totals: Mapping[str, float], per_device: Mapping[str, float], rules: Sharing
 ) -> GpuAsk:
     held = {k: v for k, v in totals.items() if v}
-    if not held:
-        return NO_GPU
+    if not held and per_device:  # HAMi's default: one vGPU when only its values are set
+        return _hami(1, _names(per_device), per_device)
     extra = {k: rules.resources[k] for k in held if k in rules.resources}
     mig = {k: v for k, v in held.items() if k.startswith(MIG_PREFIX) or extra.get(k) == KIND_MIG}
     if mig:
@@ -151,21 +152,25 @@ def _from_resources(
     whole = {k: v for k, v in held.items() if k in WHOLE_RESOURCES or extra.get(k) == "whole"}
     if hami or (whole and per_device):
         units_of = hami or whole
-        cores = per_device.get(HAMI_CORES)
-        pct = per_device.get(HAMI_MEM_PCT)
-        return GpuAsk(
-            _whole(sum(units_of.values())),
-            _names(units_of),
-            KIND_HAMI,
-            share=cores / 100 if cores else None,
-            mem_mib=per_device.get(HAMI_MEM),
-            mem_share=None if pct is None else pct / 100,
-        )
+        return _hami(_whole(sum(units_of.values())), _names(units_of), per_device)
     if whole:
         return GpuAsk(_whole(sum(whole.values())), _names(whole))
     if mem_mib is not None:  # Alibaba's memory-shared GPU: one card's memory slice
         return GpuAsk(1, ALIYUN_MEM, KIND_MILLI, mem_mib=mem_mib)
     return NO_GPU
+
+
+def _hami(count: int, resource: str, per_device: Mapping[str, float]) -> GpuAsk:
+    cores = per_device.get(HAMI_CORES)
+    pct = per_device.get(HAMI_MEM_PCT)
+    return GpuAsk(
+        count,
+        resource,
+        KIND_HAMI,
+        share=cores / 100 if cores else None,
+        mem_mib=per_device.get(HAMI_MEM),
+        mem_share=None if pct is None else pct / 100,
+    )
 
 
 def _whole(value: float) -> int:

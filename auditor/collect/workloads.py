@@ -198,11 +198,6 @@ def pod_gpu_ask(
     )
 
 
-def is_gpu_resource(name: str, sharing: Sharing | None = None) -> bool:
-    """Does a resource of this name count GPUs (cards, replicas, instances, vGPUs, milli)?"""
-    return shares.is_count_resource(name, sharing)
-
-
 def _container_requests(
     spec: Mapping[str, Any], key: str, sharing: Sharing | None
 ) -> list[tuple[dict[str, float], dict[str, float], bool]]:
