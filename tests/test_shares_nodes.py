@@ -3,12 +3,17 @@ it, the sharing labels are kept whole, and `read_nodes` gives them back."""
 
 from __future__ import annotations
 
+import csv
+import os
+from pathlib import Path
 from typing import Any
 
 import pytest
 from sqlalchemy import Engine
 
+from auditor.collect.kubectl_files import read_kubectl
 from auditor.collect.nodes import node_row
+from auditor.settings import TeamRules
 from auditor.store import reads
 from auditor.store.writes import upsert_nodes
 
@@ -100,6 +105,16 @@ def test_physical_card_count(case: str) -> None:
     assert (row["gpu_capacity"], row["gpu_allocatable"]) == (cards, cards)
 
 
+def test_an_openb_node_of_the_trace_is_two_p100s() -> None:
+    """A node as Alibaba's OpenB trace ships it (realdata/openb_node_list_gpu_node.yaml)."""
+    obj = node(
+        {"alibabacloud.com/gpu-count": "2", "alibabacloud.com/gpu-milli": "2000"},
+        {"alibabacloud.com/gpu-card-model": "P100"},
+    )
+    row = node_row(obj, at_ms=1)
+    assert (row["gpu_model"], row["gpu_capacity"]) == ("P100", 2)
+
+
 def test_sharing_labels_round_trip_through_read_nodes(engine: Engine) -> None:
     obj, _ = CASES["time-slicing, 4 replicas, GFD count"]
     with engine.begin() as conn:
@@ -110,3 +125,32 @@ def test_sharing_labels_round_trip_through_read_nodes(engine: Engine) -> None:
     assert labels["nvidia.com/gpu.replicas"] == "4"
     assert labels["nvidia.com/gpu.sharing-strategy"] == "time-slicing"
     assert got["name"].tolist() == ["gpu-node-1"]
+
+
+def _realdata() -> Path:
+    env = os.environ.get("AUDITOR_REALDATA")
+    return Path(env) if env else Path(__file__).resolve().parents[2] / "shared" / "realdata"
+
+
+OPENB = _realdata() / "alibaba-gpu-v2023-openb"
+
+
+@pytest.mark.skipif(
+    not (OPENB / "openb_node_list_gpu_node.yaml").exists(),
+    reason="the OpenB trace (../shared/realdata/alibaba-gpu-v2023-openb) is not beside the repo",
+)
+def test_the_real_openb_nodes_count_the_traces_cards() -> None:
+    """Every GPU node of Alibaba's OpenB trace, through the kubectl YAML reader: the cards
+    and models the trace's CSV lists for it."""
+    listed = {
+        row["sn"]: (int(row["gpu"]), row["model"])
+        for row in csv.DictReader((OPENB / "openb_node_list_gpu_node.csv").open())
+    }
+    rows = [
+        r
+        for r in read_kubectl(OPENB / "openb_node_list_gpu_node.yaml", teams=TeamRules(), node_ms=1)
+        if isinstance(r, dict)
+    ]
+    got = {r["name"]: (r["gpu_capacity"], r["gpu_model"]) for r in rows}
+    assert got == listed
+    assert sum(c for c, _ in got.values()) == sum(c for c, _ in listed.values()) > 1000

@@ -5,8 +5,10 @@ counted and skipped in the watcher."""
 
 from __future__ import annotations
 
+import csv
 import json
 import math
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,7 @@ from auditor.cli import app
 from auditor.collect import shares
 from auditor.collect.kubectl_files import read_kubectl
 from auditor.collect.sinks import PodSink, requests_gpus
+from auditor.collect.workloads import pod_record
 from auditor.errors import ConfigError, PodFieldError
 from auditor.model import GpuRecord, PodRecord
 from auditor.settings import Sharing, TeamRules, load_config
@@ -75,6 +78,9 @@ DECISIONS: dict[tuple[str, str], Expected] = {
     ("milli", "openb-pod-0458"): (1, "alibabacloud.com/gpu-milli", "milli", 1.0, 16384.0, None),
     ("milli", "openb-pod-0459"): (2, "alibabacloud.com/gpu-milli", "milli", None, None, None),
     ("milli", "gpushare-0"): (1, "aliyun.com/gpu-mem", "milli", None, 8192.0, None),
+    ("milli", "openb-pod-0001"): (1, "alibabacloud.com/gpu-milli", "milli", 0.46, None, None),
+    ("milli", "openb-pod-0102"): (8, "alibabacloud.com/gpu-milli", "milli", 1.0, None, None),
+    # openb-pod-0103 (milli 0, count 0) holds no GPU: it is in no row
 }
 
 
@@ -154,6 +160,7 @@ HOSTILE = {
     "milli-fraction": ("alibabacloud.com/gpu-milli", "0.5"),
     "hami-devices": ("hami.io/vgpu-devices-allocated", "GPU-0fc3eda5,NVIDIA:;"),
     "mig-annotation": ("metadata.annotations.nvidia.com/mig-1g.10gb", "one"),
+    "milli-annotation": ("metadata.annotations.alibabacloud.com/gpu-milli", "half"),
 }
 
 
@@ -378,3 +385,46 @@ def test_any_hami_quantity_is_a_number_or_a_named_refusal(qty: object) -> None:
         return
     assert math.isfinite(value)
     assert value >= 0
+
+
+def _realdata() -> Path:
+    env = os.environ.get("AUDITOR_REALDATA")
+    return Path(env) if env else Path(__file__).resolve().parents[2] / "shared" / "realdata"
+
+
+OPENB_PODS = _realdata() / "alibaba-gpu-v2023-openb" / "openb_pod_list_default.csv"
+
+
+@pytest.mark.skipif(
+    not OPENB_PODS.exists(),
+    reason="the OpenB trace (../shared/realdata/alibaba-gpu-v2023-openb) is not beside the repo",
+)
+def test_the_real_openb_pods_hold_what_the_trace_says() -> None:
+    """Each of the trace's 8,152 pods as Alibaba's scheduler writes it (per-card milli and a
+    card count, as annotations): the cards held and the GPU capacity asked for (sum of
+    share x cards) are the trace's, and the fractional pods are the trace's."""
+    rows = list(csv.DictReader(OPENB_PODS.open()))
+    records = []
+    for i, row in enumerate(rows):
+        pod = {
+            "metadata": {
+                "name": row["name"],
+                "namespace": "paib-gpu",
+                "uid": f"openb-{i}",
+                "annotations": {
+                    "alibabacloud.com/gpu-milli": row["gpu_milli"],
+                    "alibabacloud.com/gpu-count": row["num_gpu"],
+                },
+            },
+            "spec": {"containers": [{"name": "main", "resources": {"requests": {"cpu": "1"}}}]},
+        }
+        records.append(pod_record(pod, teams=TeamRules()))
+    gpu_rows = [r for r in rows if int(r["num_gpu"]) > 0]
+    held = [r for r in records if r is not None]
+    assert len(held) == len(gpu_rows)
+    assert sum(r.gpu_count for r in held) == sum(int(r["num_gpu"]) for r in gpu_rows)
+    asked = sum((r.gpu_share or 1.0) * r.gpu_count for r in held)
+    trace = sum(int(r["num_gpu"]) * int(r["gpu_milli"]) / 1000 for r in gpu_rows)
+    assert math.isclose(asked, trace, rel_tol=1e-12)
+    fractional = [r for r in held if r.gpu_share is not None and r.gpu_share < 1]
+    assert len(fractional) == sum(1 for r in gpu_rows if int(r["gpu_milli"]) < 1000)

@@ -31,6 +31,7 @@ GPU_MODEL_LABELS = (
     "nvidia.com/gpu.product",
     "cloud.google.com/gke-accelerator",
     "k8s.amazonaws.com/accelerator",
+    "alibabacloud.com/gpu-card-model",
     "accelerator",
 )
 """Labels that name a node's GPU model, most specific first."""

@@ -12,7 +12,9 @@ A pod is a GPU pod when it asks for any of:
 - Run:ai fractions: the `gpu-fraction` annotation (with `gpu-fraction-num-devices`), else
   `runai-allocated-gpus`; pods of the `runai-reservation` namespace are Run:ai's
   placeholders, kept as `runai-reservation` with no card of their own;
-- Alibaba gpu-milli: `alibabacloud.com/gpu-milli` (thousandths of a card), with
+- Alibaba gpu-milli: `alibabacloud.com/gpu-milli` (thousandths of a card), as a resource or
+  as the annotation Alibaba's OpenB trace and scheduler use, with `alibabacloud.com/gpu-count`
+  (then the milli are per card: OpenB's 8 x 1000 is eight whole cards) and
   `aliyun.com/gpu-mem` (GiB); `aliyun.com/gpu-mem` alone is Alibaba's memory-shared GPU;
 - the extra resource names and fraction annotations of the config's `[sharing]` table.
 
@@ -46,8 +48,9 @@ HAMI_CORES = "nvidia.com/gpucores"
 HAMI_MEM = "nvidia.com/gpumem"
 HAMI_MEM_PCT = "nvidia.com/gpumem-percentage"
 MILLI = "alibabacloud.com/gpu-milli"
+MILLI_COUNT = "alibabacloud.com/gpu-count"
 ALIYUN_MEM = "aliyun.com/gpu-mem"
-COUNT_RESOURCES = (*WHOLE_RESOURCES, HAMI_VGPU, MILLI, ALIYUN_MEM)
+COUNT_RESOURCES = (*WHOLE_RESOURCES, HAMI_VGPU, MILLI, MILLI_COUNT, ALIYUN_MEM)
 """Resources that count something held (and add up over a pod's containers)."""
 PER_DEVICE_RESOURCES = (HAMI_CORES, HAMI_MEM, HAMI_MEM_PCT)
 """HAMi's per-vGPU values: each container's, not summed."""
@@ -140,14 +143,12 @@ def _from_resources(
     mem_gib = held.get(ALIYUN_MEM)
     mem_mib = None if mem_gib is None else mem_gib * GIB_MIB
     if milli:
-        units = sum(milli.values())
-        return GpuAsk(
-            max(1, math.ceil(units / 1000)),
-            _names(milli),
-            KIND_MILLI,
-            share=units / 1000 if units <= 1000 else None,
-            mem_mib=mem_mib,
+        cards = held.get(MILLI_COUNT)
+        return _milli(
+            sum(milli.values()), None if cards is None else int(cards), _names(milli), mem_mib
         )
+    if held.get(MILLI_COUNT):  # Alibaba's count of whole cards, alone
+        return GpuAsk(_whole(held[MILLI_COUNT]), MILLI_COUNT)
     hami = {k: v for k, v in held.items() if k == HAMI_VGPU or extra.get(k) == KIND_HAMI}
     whole = {k: v for k, v in held.items() if k in WHOLE_RESOURCES or extra.get(k) == "whole"}
     if hami or (whole and per_device):
@@ -158,6 +159,17 @@ def _from_resources(
     if mem_mib is not None:  # Alibaba's memory-shared GPU: one card's memory slice
         return GpuAsk(1, ALIYUN_MEM, KIND_MILLI, mem_mib=mem_mib)
     return NO_GPU
+
+
+def _milli(units: float, cards: int | None, resource: str, mem_mib: float | None) -> GpuAsk:
+    """gpu-milli: with a card count the milli are per card (OpenB), else all the pod's."""
+    return GpuAsk(
+        cards if cards else max(1, math.ceil(units / 1000)),
+        resource,
+        KIND_MILLI,
+        share=units / 1000 if units <= 1000 else None,
+        mem_mib=mem_mib,
+    )
 
 
 def _hami(count: int, resource: str, per_device: Mapping[str, float]) -> GpuAsk:
@@ -194,14 +206,15 @@ def _fraction(annotations: Mapping[str, str], key: str, *, upto: float | None) -
     return value
 
 
-def _count_annotation(annotations: Mapping[str, str], key: str) -> int:
+def _count_annotation(annotations: Mapping[str, str], key: str, *, zero: bool = False) -> int:
     raw = annotations[key]
     text = raw.strip()
+    least = 0 if zero else 1
     if not (len(text) <= 12 and text.isascii() and text.isdigit()) or not (
-        0 < int(text) <= limits.MAX_GPUS_PER_POD
+        least <= int(text) <= limits.MAX_GPUS_PER_POD
     ):
         raise PodFieldError(
-            f"must be a whole number of GPUs above 0, got {shown(raw)}",
+            f"must be a whole number of at least {least}, got {shown(raw)}",
             field=f"metadata.annotations.{key}",
             value=raw,
         )
@@ -225,6 +238,16 @@ def _from_annotations(annotations: Mapping[str, str], rules: Sharing) -> GpuAsk:
     if RUNAI_ALLOCATED_MIG in annotations:
         count = _count_annotation(annotations, RUNAI_ALLOCATED_MIG)
         return GpuAsk(count, RUNAI_ALLOCATED_MIG, KIND_MIG)
+    if MILLI in annotations:
+        milli = _count_annotation(annotations, MILLI, zero=True)
+        cards = (
+            _count_annotation(annotations, MILLI_COUNT, zero=True)
+            if MILLI_COUNT in annotations
+            else None
+        )
+        if milli == 0 or cards == 0:  # OpenB writes 0 for a pod of no GPU
+            return NO_GPU
+        return _milli(float(milli), cards, MILLI, None)
     if RUNAI_ALLOCATED in annotations:
         value = _fraction(annotations, RUNAI_ALLOCATED, upto=float(limits.MAX_GPUS_PER_POD))
         if value < 1:
