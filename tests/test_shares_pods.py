@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -103,6 +104,26 @@ def test_each_kind_of_sharing_is_recognised(kind: str, name: str) -> None:
     assert _close(rec.gpu_share, share), rec.gpu_share
     assert _close(rec.gpu_mem_mib, mem), rec.gpu_mem_mib
     assert _close(rec.gpu_mem_share, mem_share), rec.gpu_mem_share
+
+
+def test_the_table_round_trips_through_import_and_the_store(db: str) -> None:
+    """`auditor import pods` of every fixture, then `read_pods`: the same table, on SQLite
+    and PostgreSQL."""
+    from auditor.store.engine import make_engine
+
+    for kind in ("timeslicing", "mig", "hami", "runai", "milli"):
+        code, out = invoke(db, "import", "pods", str(FIXTURES / f"{kind}.json"))
+        assert code == 0, out
+    engine = make_engine(db)
+    with engine.connect() as conn:
+        stored = reads.read_pods(conn).set_index("name")
+    engine.dispose()
+    cols = ["gpu_count", "gpu_resource", "share_kind", "gpu_share", "gpu_mem_mib", "gpu_mem_share"]
+    got = {
+        name: tuple(None if pd.isna(v) else v for v in stored.loc[name, cols])
+        for name in stored.index
+    }
+    assert got == {name: want for (_, name), want in DECISIONS.items()}
 
 
 def test_every_fixture_pod_is_in_the_table() -> None:
