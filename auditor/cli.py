@@ -22,7 +22,32 @@ from auditor import __version__
 from auditor.errors import AuditorError, InputError
 from auditor.redact import redact
 from auditor.report.text import terminal_safe
-from auditor.settings import CONFIG_ENV, DB_URL_ENV, Config, default_db_url, load_config
+from auditor.settings import (
+    BUFFER_DIR_ENV,
+    BUFFER_MAX_MIB,
+    BUFFER_MAX_MIB_ENV,
+    CONFIG_ENV,
+    DB_URL_ENV,
+    DB_URL_FILE_ENV,
+    LOG_FORMAT_ENV,
+    METRICS_HOST,
+    METRICS_PORT_ENV,
+    NODE_NAME_ENV,
+    PROMETHEUS_PASSWORD_ENV,
+    PROMETHEUS_TOKEN_ENV,
+    READ_TIMEOUT_S,
+    SAMPLE_FLUSH_EVERY_S,
+    SAMPLE_METRICS_PORT,
+    SAMPLE_PERIOD_S,
+    WATCH_HEALTH_MAX_AGE_S,
+    WATCH_METRICS_PORT,
+    WATCH_NAMESPACE_ENV,
+    WATCH_SELECTOR_ENV,
+    WATCH_TIMEOUT_S,
+    Config,
+    default_db_url,
+    load_config,
+)
 
 app = typer.Typer(
     name="auditor",
@@ -93,7 +118,7 @@ def root(
             envvar=DB_URL_ENV,
             show_envvar=True,
             help="Database URL (sqlite:///FILE or postgresql://...). Default: the URL in the "
-            "file AUDITOR_DB_URL_FILE names, else auditor.db in the working directory.",
+            f"file {DB_URL_FILE_ENV} names, else auditor.db in the working directory.",
         ),
     ] = None,
     config: Annotated[
@@ -345,7 +370,7 @@ def import_prometheus(
         Path | None,
         typer.Option(
             "--bearer-token-file",
-            help="File holding a bearer token (else env AUDITOR_PROMETHEUS_TOKEN).",
+            help=f"File holding a bearer token (else env {PROMETHEUS_TOKEN_ENV}).",
         ),
     ] = None,
     basic_auth_user: Annotated[
@@ -356,7 +381,7 @@ def import_prometheus(
         Path | None,
         typer.Option(
             "--basic-auth-password-file",
-            help="File holding the basic auth password (else env AUDITOR_PROMETHEUS_PASSWORD).",
+            help=f"File holding the basic auth password (else env {PROMETHEUS_PASSWORD_ENV}).",
         ),
     ] = None,
     timeout: Annotated[
@@ -412,6 +437,103 @@ def import_prometheus(
         )
 
 
+@import_app.command("outputs")
+def import_outputs(
+    file: Annotated[
+        Path | None,
+        typer.Argument(
+            metavar="[FILE.csv]",
+            help="Outputs CSV: job|pod,start,end,outputs,unit[,quality,quality_better].",
+        ),
+    ] = None,
+    url: Annotated[
+        str | None,
+        typer.Option("--url", help="Prometheus base URL to read serving counters from."),
+    ] = None,
+    start: StartOption = None,
+    end: EndOption = None,
+    since: SinceOption = None,
+    metric: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--metric",
+            metavar="NAME[:unit]",
+            help="Output counter, repeatable (default: vLLM, Triton and TGI counters).",
+        ),
+    ] = None,
+    latency: Annotated[
+        str,
+        typer.Option("--latency", help="Latency histogram ('' for none)."),
+    ] = "vllm:e2e_request_latency_seconds",
+    step: Annotated[str, typer.Option("--step", help="Resolution of the counters read.")] = "15s",
+    interval: Annotated[
+        str, typer.Option("--interval", help="Length of each stored interval per pod.")
+    ] = "5m",
+    bearer_token_file: Annotated[
+        Path | None,
+        typer.Option("--bearer-token-file", help="File holding a bearer token."),
+    ] = None,
+    basic_auth_user: Annotated[
+        str | None, typer.Option("--basic-auth-user", help="Basic auth user.")
+    ] = None,
+    basic_auth_password_file: Annotated[
+        Path | None,
+        typer.Option("--basic-auth-password-file", help="File holding the basic auth password."),
+    ] = None,
+    timeout: Annotated[
+        str, typer.Option("--timeout", help="Longest one query may take, to its last byte.")
+    ] = "60s",
+) -> None:
+    """Import useful output per pod: serving counters and latency from Prometheus (--url), or
+    an outputs CSV for training (samples, steps, tokens) with an optional quality column."""
+    from auditor import jobs
+    from auditor.collect.outputs import parse_metric
+    from auditor.collect.prometheus import credentials
+
+    with user_errors():
+        if (file is None) == (url is None):
+            raise InputError("give an outputs CSV or --url, one of them", field="FILE")
+        if file is not None:
+            stats = jobs.import_outputs_csv(state.db_url, file)
+            source = str(file)
+        else:
+            assert url is not None
+            window = parse_window(start, end, since)
+            if window is None:
+                raise InputError("give --start and --end, or --since", field="--start")
+            clean, auth = credentials(
+                url,
+                user=basic_auth_user,
+                password_file=basic_auth_password_file,
+                token_file=bearer_token_file,
+            )
+            stats = jobs.import_outputs_prometheus(
+                state.db_url,
+                prometheus_url=clean,
+                window=window,
+                step_s=parse_duration(step, option="--step").total_seconds(),
+                metrics=[parse_metric(m) for m in metric] if metric else None,
+                latency=latency,
+                auth=auth,
+                timeout_s=parse_duration(timeout, option="--timeout").total_seconds(),
+                interval_s=max(
+                    1, int(parse_duration(interval, option="--interval").total_seconds())
+                ),
+            )
+            source = redact(clean)
+    typer.echo(
+        f"imported {stats.rows} output rows and {stats.latency_rows} latency bucket rows of "
+        f"{stats.pods} pods from {terminal_safe(source)} in {stats.seconds:.1f}s"
+        + (f" ({stats.resets} counter resets)" if stats.resets else "")
+    )
+    if stats.unresolved:
+        typer.echo(
+            f"{stats.unresolved} series intervals name pods not in the database: "
+            "import the pods, then run this import again",
+            err=True,
+        )
+
+
 # ---------------------------------------------------------------- db
 
 
@@ -420,39 +542,22 @@ def db_upgrade(
     revision: Annotated[str, typer.Option("--revision", help="Target revision.")] = "head",
 ) -> None:
     """Apply migrations up to REVISION (default head)."""
-    from auditor.store import migrate
-    from auditor.store.engine import make_engine
+    from auditor import jobs
 
     with user_errors():
-        engine = make_engine(state.db_url)
-        try:
-            migrate.upgrade(engine, revision=revision)
-            now = migrate.current(engine)
-        except AuditorError:
-            raise
-        except Exception as e:
-            from auditor.jobs import raise_store_error
-
-            raise_store_error(state.db_url, e)
+        now = jobs.db_upgrade(state.db_url, revision=revision)
     typer.echo(f"database at revision {now}")
 
 
 @db_app.command("current")
 def db_current() -> None:
     """Print the database's schema revision and the one this auditor needs."""
-    from auditor.store import migrate
-    from auditor.store.engine import make_engine
+    from auditor import jobs
 
     with user_errors():
-        engine = make_engine(state.db_url)
-        try:
-            now = migrate.current(engine)
-        except Exception as e:
-            from auditor.jobs import raise_store_error
-
-            raise_store_error(state.db_url, e)
-    typer.echo(f"current: {now or '(empty)'}")
-    typer.echo(f"head:    {migrate.head()}")
+        revisions = jobs.db_current(state.db_url)
+    typer.echo(f"current: {revisions.current or '(empty)'}")
+    typer.echo(f"head:    {revisions.head}")
 
 
 # ---------------------------------------------------------------- audit and report
@@ -585,13 +690,6 @@ def report(
 
     with user_errors():
         window = parse_window(start, end, None)
-        rep = jobs.build_report(
-            state.db_url,
-            start_ms=window[0] if window else None,
-            end_ms=window[1] if window else None,
-            by=GroupBy(by.value),
-            team=team,
-        )
         if fmt is Format.HTML:
             text = jobs.build_report_html(
                 state.db_url,
@@ -606,6 +704,13 @@ def report(
                 return
             typer.echo(text, nl=False)
             return
+        rep = jobs.build_report(
+            state.db_url,
+            start_ms=window[0] if window else None,
+            end_ms=window[1] if window else None,
+            by=GroupBy(by.value),
+            team=team,
+        )
         renderers = {
             Format.TABLE: render_table,
             Format.JSON: render_json,
@@ -709,13 +814,30 @@ def rollup(
 # ---------------------------------------------------------------- node sampler
 
 
+class LogFormat(StrEnum):
+    TEXT = "text"
+    JSON = "json"
+
+
+LogFormatOption = Annotated[
+    LogFormat,
+    typer.Option(
+        "--log-format",
+        envvar=LOG_FORMAT_ENV,
+        show_envvar=True,
+        help="Log lines as text or JSON.",
+    ),
+]
+"""One `--log-format` for both services: the same logging setup (`auditor.agents.serve`)."""
+
+
 @app.command()
 def sample(
     node: Annotated[
         str | None,
         typer.Option(
             "--node",
-            envvar="NODE_NAME",
+            envvar=NODE_NAME_ENV,
             show_envvar=True,
             help="This node's name (default: the host name).",
         ),
@@ -724,29 +846,29 @@ def sample(
         Path,
         typer.Option(
             "--buffer-dir",
-            envvar="AUDITOR_BUFFER_DIR",
+            envvar=BUFFER_DIR_ENV,
             show_envvar=True,
             help="Directory of the on-disk buffer that keeps passes while the database is down.",
         ),
     ] = Path("/var/lib/auditor"),
     period: Annotated[
         float, typer.Option("--period", min=0.1, help="Seconds between passes over the GPUs.")
-    ] = 5.0,
+    ] = SAMPLE_PERIOD_S,
     flush_every: Annotated[
         float,
         typer.Option("--flush-every", min=1.0, help="Seconds between writes to the database."),
-    ] = 30.0,
+    ] = SAMPLE_FLUSH_EVERY_S,
     buffer_max_mib: Annotated[
         float,
         typer.Option(
             "--buffer-max-mib",
-            envvar="AUDITOR_BUFFER_MAX_MIB",
+            envvar=BUFFER_MAX_MIB_ENV,
             show_envvar=True,
             min=0.01,
             help="MiB of passes kept while the database is down; beyond it, or on a full disk, "
             "the oldest are dropped and counted.",
         ),
-    ] = 200.0,
+    ] = BUFFER_MAX_MIB,
     pod_resources: Annotated[
         Path | None,
         typer.Option(
@@ -761,10 +883,10 @@ def sample(
         typer.Option(
             "--metrics-port", help="Port of /metrics and /healthz (0: any free port, -1: none)."
         ),
-    ] = 9402,
+    ] = SAMPLE_METRICS_PORT,
     metrics_host: Annotated[
         str, typer.Option("--metrics-host", help="Address /metrics and /healthz listen on.")
-    ] = "0.0.0.0",
+    ] = METRICS_HOST,
     passes: Annotated[
         int | None,
         typer.Option(
@@ -790,6 +912,7 @@ def sample(
             help="The host's /proc, where --process-util finds each process's pod.",
         ),
     ] = Path("/proc"),
+    log_format: LogFormatOption = LogFormat.TEXT,
 ) -> None:
     """Sample this node's GPUs through NVML and record which pod holds each (the DaemonSet)."""
     import socket
@@ -808,16 +931,12 @@ def sample(
             metrics_port=None if metrics_port < 0 else metrics_port,
             max_passes=passes,
             proc_root=proc_root if process_util else None,
+            json_logs=log_format is LogFormat.JSON,
         )
         jobs.sample(state.db_url, options, log=lambda m: typer.echo(m, err=True))
 
 
 # ---------------------------------------------------------------- pod watcher
-
-
-class LogFormat(StrEnum):
-    TEXT = "text"
-    JSON = "json"
 
 
 @app.command()
@@ -837,7 +956,7 @@ def watch(
         typer.Option(
             "--namespace",
             "-n",
-            envvar="AUDITOR_WATCH_NAMESPACE",
+            envvar=WATCH_NAMESPACE_ENV,
             show_envvar=True,
             help="Only pods of this namespace (default: all).",
         ),
@@ -847,7 +966,7 @@ def watch(
         typer.Option(
             "--selector",
             "-l",
-            envvar="AUDITOR_WATCH_SELECTOR",
+            envvar=WATCH_SELECTOR_ENV,
             show_envvar=True,
             help="Only pods matching this label selector.",
         ),
@@ -857,14 +976,14 @@ def watch(
         int,
         typer.Option(
             "--metrics-port",
-            envvar="AUDITOR_METRICS_PORT",
+            envvar=METRICS_PORT_ENV,
             show_envvar=True,
             help="Port of /metrics and /healthz (0: any free port, -1: none).",
         ),
-    ] = 9403,
+    ] = WATCH_METRICS_PORT,
     metrics_host: Annotated[
         str, typer.Option("--metrics-host", help="Address /metrics and /healthz listen on.")
-    ] = "0.0.0.0",
+    ] = METRICS_HOST,
     health_max_age: Annotated[
         float,
         typer.Option(
@@ -872,7 +991,7 @@ def watch(
             min=1.0,
             help="Seconds without a successful sync after which /healthz fails.",
         ),
-    ] = 600.0,
+    ] = WATCH_HEALTH_MAX_AGE_S,
     watch_timeout: Annotated[
         int,
         typer.Option(
@@ -880,7 +999,7 @@ def watch(
             min=1,
             help="Seconds after which the server ends each watch (it is resumed).",
         ),
-    ] = 300,
+    ] = WATCH_TIMEOUT_S,
     read_timeout: Annotated[
         float,
         typer.Option(
@@ -888,16 +1007,8 @@ def watch(
             min=0.1,
             help="Seconds of silence after which a stream counts as dead.",
         ),
-    ] = 90.0,
-    log_format: Annotated[
-        LogFormat,
-        typer.Option(
-            "--log-format",
-            envvar="AUDITOR_LOG_FORMAT",
-            show_envvar=True,
-            help="Log lines as text or JSON.",
-        ),
-    ] = LogFormat.TEXT,
+    ] = READ_TIMEOUT_S,
+    log_format: LogFormatOption = LogFormat.TEXT,
 ) -> None:
     """Record who held which GPU when: list/watch GPU pods and nodes (the Deployment).
 
@@ -931,7 +1042,12 @@ def watch(
 def simulate(
     out: Annotated[Path, typer.Argument(help="Directory to write the scenario's files into.")],
     scenario: Annotated[
-        str, typer.Option("--scenario", help="Preset: demo, small or large.")
+        str,
+        typer.Option(
+            "--scenario",
+            help="Preset: demo, small, large, or shared (MIG, time-slicing, HAMi and whole "
+            "cards; also writes nodes.json and dcgm-exporter OpenMetrics for MIG).",
+        ),
     ] = "demo",
     seed: Annotated[int | None, typer.Option("--seed", help="Override the preset's seed.")] = None,
 ) -> None:
@@ -974,3 +1090,58 @@ def demo(
 
 def main() -> None:
     app()
+
+
+class CompareFormat(StrEnum):
+    TABLE = "table"
+    JSON = "json"
+    HTML = "html"
+
+
+@app.command()
+def compare(
+    a: Annotated[
+        str,
+        typer.Argument(
+            metavar="A",
+            help="Before: SELECTOR@START..END, SELECTOR job=NS/Kind/name, team=T or label=K=V.",
+        ),
+    ],
+    b: Annotated[str, typer.Argument(metavar="B", help="After, in the same form.")],
+    fmt: Annotated[
+        CompareFormat, typer.Option("--format", help="Output format.")
+    ] = CompareFormat.TABLE,
+    tolerance: Annotated[
+        float,
+        typer.Option("--tolerance", min=0.0, max=1.0, help="Latency/quality tolerance (0.05)."),
+    ] = 0.05,
+    out: Annotated[
+        Path | None, typer.Option("--out", help="Write to this file instead of stdout.")
+    ] = None,
+) -> None:
+    """Did a change make the work cheaper? GPU-hours, outputs, latency and quality of A and B
+    side by side, the confounders, and the verdict."""
+    from auditor import jobs
+    from auditor.report.compare import (
+        render_compare_html,
+        render_compare_json,
+        render_compare_table,
+    )
+
+    with user_errors():
+        result = jobs.compare(
+            state.db_url,
+            jobs.parse_side(a, option="A"),
+            jobs.parse_side(b, option="B"),
+            tolerance=tolerance,
+        )
+        renderers = {
+            CompareFormat.TABLE: render_compare_table,
+            CompareFormat.JSON: render_compare_json,
+            CompareFormat.HTML: render_compare_html,
+        }
+        text = renderers[fmt](result)
+        if out is not None:
+            write_atomically(out, text)
+            return
+    typer.echo(text, nl=False)

@@ -38,6 +38,10 @@ UTIL_SOURCE_MAX = 64
 """The metric or reader a GPU's utilisation came from (`DCGM_FI_PROF_GR_ENGINE_ACTIVE`, `nvml`)."""
 SHARE_TEXT_MAX = 32
 """A pod's share kind (`runai-reservation`) or a MIG profile (`1c.3g.40gb`)."""
+METRIC_MAX = 200
+"""A Prometheus metric name an output or latency was read from (`vllm:generation_tokens_total`)."""
+UNIT_MAX = 64
+"""An output unit: `tokens`, `requests`, `samples`, `steps`."""
 
 MAX_GPUS_PER_POD = 100_000
 """More GPU units than any node has, even counted as gpu-milli or time-slicing replicas; a

@@ -8,9 +8,11 @@ source could not read it (never 0).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+
+from auditor.errors import GpuConflictError
 
 
 class WasteCategory(StrEnum):
@@ -160,3 +162,76 @@ class PodRecord:
         """When the pod stopped holding its GPUs: containers terminated or deleted, first."""
         ends = [t for t in (self.finished_ms, self.deleted_ms) if t is not None]
         return min(ends) if ends else None
+
+
+@dataclass(frozen=True, slots=True)
+class Holding:
+    """A pod seen holding a GPU from `first_ms` to `last_ms` (pod-resources, by name);
+    `replicas`: how many time-slicing device IDs (`GPU-…::j`) of the card it holds, None for
+    a card not handed out in replicas."""
+
+    namespace: str
+    pod: str
+    gpu_uuid: str
+    first_ms: int
+    last_ms: int
+    replicas: int | None = None
+
+
+def merge_holdings(holdings: Iterable[Holding]) -> list[Holding]:
+    """One span per (namespace, pod, GPU), widened over every observation; the replicas the
+    most of any observation (a pod's share of a card does not shrink while it runs)."""
+    spans: dict[tuple[str, str, str], Holding] = {}
+    for h in holdings:
+        key = (h.namespace, h.pod, h.gpu_uuid)
+        old = spans.get(key)
+        if old is None:
+            spans[key] = h
+            continue
+        counts = [r for r in (old.replicas, h.replicas) if r is not None]
+        spans[key] = Holding(
+            *key,
+            min(old.first_ms, h.first_ms),
+            max(old.last_ms, h.last_ms),
+            max(counts) if counts else None,
+        )
+    return list(spans.values())
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """One sampler pass: the GPUs, their samples, who held them, and each pod's own
+    utilisation of the cards (per-process utilisation, when on)."""
+
+    gpus: tuple[GpuRecord, ...]
+    samples: tuple[GpuSample, ...]
+    holdings: tuple[Holding, ...]
+    tenants: tuple[TenantSample, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class GpuConflict:
+    """A GPU record that contradicts the stored card (or an earlier record of the same
+    write): another node, or another known model, for the same UUID."""
+
+    uuid: str
+    field: str
+    """Which differs: "node" or "model"."""
+    stored: str
+    new: str
+
+    def error(self, *, file: str | None = None, line: int | None = None) -> GpuConflictError:
+        return GpuConflictError(
+            uuid=self.uuid, field=self.field, stored=self.stored, new=self.new, file=file, line=line
+        )
+
+
+@dataclass(frozen=True)
+class Written:
+    """What a write of sampler batches left over: holdings not joined to a pod yet (kept
+    for the next flush), and the GPUs refused as conflicting with the store, with the
+    samples skipped for them."""
+
+    unresolved: list[Holding]
+    conflicts: tuple[GpuConflict, ...] = ()
+    skipped_samples: int = 0

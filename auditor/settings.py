@@ -19,6 +19,38 @@ DEFAULT_DB_FILE = "auditor.db"
 DB_URL_ENV = "AUDITOR_DB_URL"
 DB_URL_FILE_ENV = "AUDITOR_DB_URL_FILE"
 CONFIG_ENV = "AUDITOR_CONFIG"
+PROMETHEUS_TOKEN_ENV = "AUDITOR_PROMETHEUS_TOKEN"
+PROMETHEUS_PASSWORD_ENV = "AUDITOR_PROMETHEUS_PASSWORD"
+NODE_NAME_ENV = "NODE_NAME"
+"""The sampler's node; the DaemonSet sets it from the downward API (`spec.nodeName`)."""
+BUFFER_DIR_ENV = "AUDITOR_BUFFER_DIR"
+BUFFER_MAX_MIB_ENV = "AUDITOR_BUFFER_MAX_MIB"
+WATCH_NAMESPACE_ENV = "AUDITOR_WATCH_NAMESPACE"
+WATCH_SELECTOR_ENV = "AUDITOR_WATCH_SELECTOR"
+METRICS_PORT_ENV = "AUDITOR_METRICS_PORT"
+LOG_FORMAT_ENV = "AUDITOR_LOG_FORMAT"
+
+# The services' defaults, one source each: the CLI's flags, `jobs.SampleOptions` /
+# `jobs.WatchOptions` and the agents' own settings all read them from here.
+SAMPLE_PERIOD_S = 5.0
+"""Seconds between the sampler's passes over the node's GPUs."""
+SAMPLE_FLUSH_EVERY_S = 30.0
+"""Seconds between the sampler's writes to the store (passes are batched in between)."""
+BUFFER_MAX_MIB = 200.0
+"""MiB of passes the sampler keeps while the store is down (about 4 days of 8 GPUs at 5 s)."""
+SAMPLE_METRICS_PORT = 9402
+WATCH_METRICS_PORT = 9403
+METRICS_HOST = "0.0.0.0"
+"""Address the services' /metrics and /healthz listen on."""
+WATCH_HEALTH_MAX_AGE_S = 600.0
+"""The watcher's /healthz fails when a watched kind has not synced for this long."""
+WATCH_TIMEOUT_S = 300
+"""The API server ends each watch after this long; the watcher then watches again."""
+CONNECT_TIMEOUT_S = 10.0
+"""Seconds to open a connection to the API server."""
+READ_TIMEOUT_S = 90.0
+"""Seconds without a byte after which a watch stream counts as dead (servers send a
+bookmark about every minute to a watch that asks for them)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ from typing import Any
 
 import grpc  # type: ignore[import-untyped]
 
-from auditor.collect.podresources import LIST_METHOD, encode_field
+from auditor.agents.sample.podresources import LIST_METHOD, encode_field
 
 
 @dataclass

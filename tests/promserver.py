@@ -213,6 +213,27 @@ def backfill(
         return sum(pool.map(one_block, blocks))
 
 
+def backfill_text(text: str, data: Path) -> None:
+    """Turn OpenMetrics text (any series, ending `# EOF`) into TSDB blocks under `data`."""
+    found = binaries()
+    if isinstance(found, str):
+        raise RuntimeError(found)
+    work = data.parent / "openmetrics-text"
+    work.mkdir(parents=True, exist_ok=True)
+    data.mkdir(parents=True, exist_ok=True)
+    source = work / "series.om.txt"
+    source.write_text(text, encoding="utf-8")
+    out_dir = work / "blocks"
+    subprocess.run(
+        [found[1], "tsdb", "create-blocks-from", "openmetrics", "-q", str(source), str(out_dir)],
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
+    for block in out_dir.iterdir():
+        block.rename(data / block.name)
+
+
 def start_prometheus(data: Path, root: Path) -> PromServer:
     """Serve the TSDB at `data` (filled by `backfill`) on a free loopback port."""
     found = binaries()
@@ -250,3 +271,20 @@ def start_prometheus(data: Path, root: Path) -> PromServer:
             time.sleep(0.2)
     server.stop()
     raise RuntimeError(f"prometheus not ready within {START_TIMEOUT_S}s")
+
+
+def serve_openmetrics(source: Path, root: Path) -> PromServer:
+    """Backfill one OpenMetrics file (the simulator's `dcgm.om.txt`) with promtool and serve
+    it from a fresh Prometheus under `root`."""
+    found = binaries()
+    if isinstance(found, str):
+        raise RuntimeError(found)
+    data = root / "tsdb"
+    root.mkdir(parents=True, exist_ok=True)
+    subprocess.run(
+        [found[1], "tsdb", "create-blocks-from", "openmetrics", "-q", str(source), str(data)],
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
+    return start_prometheus(data, root)

@@ -18,13 +18,13 @@ from prometheus_client import CollectorRegistry
 from smalldisk import tmpfs
 from test_sampler import GPU_A, stored
 
-from auditor.collect.buffer import Batch, DiskBuffer, Holding, encode_batch
-from auditor.collect.nvml import NvmlReader
-from auditor.collect.sampler import NodeReading, Sampler, SamplerSettings
-from auditor.collect.sampler_metrics import SamplerMetrics
-from auditor.collect.sink import StoreSink
+from auditor.agents.sample.buffer import DiskBuffer, encode_batch
+from auditor.agents.sample.metrics import SamplerMetrics
+from auditor.agents.sample.nvml import NvmlReader
+from auditor.agents.sample.sampler import NodeReading, Sampler, SamplerSettings
 from auditor.jobs import open_store
-from auditor.model import GpuRecord, GpuSample
+from auditor.model import Batch, GpuRecord, GpuSample, Holding
+from auditor.store.sample_sink import StoreSink
 
 __all__ = ["fake_nvml_library"]
 
@@ -197,7 +197,7 @@ def test_a_broken_file_is_moved_aside_and_a_fresh_one_used(
 ) -> None:
     path = tmp_path / "buffer.db"
     path.write_bytes(b"this is not a database, a half-written copy maybe" * 100)
-    with caplog.at_level(logging.WARNING, logger="auditor.collect.buffer"):
+    with caplog.at_level(logging.WARNING, logger="auditor.agents.sample.buffer"):
         buffer = DiskBuffer(path)
     aside = list(tmp_path.glob("buffer.db.corrupt-*"))
     assert len(aside) == 1

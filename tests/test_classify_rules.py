@@ -73,8 +73,9 @@ def tenure_frame(tenures: list[dict[str, Any]]) -> pd.DataFrame:
 
 def as_dict(results: pd.DataFrame) -> dict[Key, float]:
     out: dict[Key, float] = {}
-    for gpu, pod, cat, sec in results.itertuples(index=False):
-        out[(gpu, pod, cat)] = sec
+    cols = results[["gpu", "pod_uid", "category", "seconds"]]
+    for gpu, pod, cat, sec in cols.itertuples(index=False):
+        out[(gpu, pod, cat)] = out.get((gpu, pod, cat), 0.0) + sec
     return out
 
 
@@ -444,7 +445,7 @@ def test_decision_table(case: Case) -> None:
 def test_results_shape_and_order() -> None:
     out = CASES["a tenure boundary mid-interval splits it in proportion"].run()
 
-    assert list(out.columns) == ["gpu", "pod_uid", "category", "seconds"]
+    assert list(out.columns) == ["gpu", "pod_uid", "category", "seconds", "estimated"]
     assert out["seconds"].dtype == np.float64
     assert out["pod_uid"].tolist() == [None, "p1", "p1"]
     assert out["category"].tolist() == ["unallocated", "busy", "compute_idle"]
@@ -555,7 +556,7 @@ def test_empty_inputs() -> None:
     out = classify(empty, tenure_frame([]), window=EVERYTHING, thresholds=TH)
 
     assert out.results.empty
-    assert list(out.results.columns) == ["gpu", "pod_uid", "category", "seconds"]
+    assert list(out.results.columns) == ["gpu", "pod_uid", "category", "seconds", "estimated"]
     assert out.findings.empty
     assert list(out.findings.columns) == [
         "kind", "gang", "gpu", "pod_uid", "start_ms", "end_ms", "seconds", "detail",

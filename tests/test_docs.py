@@ -27,8 +27,8 @@ def test_relative_links_stay_inside_the_repository(doc: Path) -> None:
 def test_the_metrics_the_fault_guide_names_exist() -> None:
     from prometheus_client import CollectorRegistry
 
-    from auditor.collect.observe import WatchMetrics
-    from auditor.collect.sampler_metrics import SamplerMetrics
+    from auditor.agents.sample.metrics import SamplerMetrics
+    from auditor.agents.watch.metrics import WatchMetrics
 
     registry = CollectorRegistry()
     WatchMetrics(("pods",), registry=registry)

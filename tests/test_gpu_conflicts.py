@@ -18,9 +18,9 @@ from sqlalchemy import Engine, select
 from test_cli_import import GOOD_CSV, counts, invoke
 from test_sampler import Rig, script, store, stored
 
-from auditor.model import GpuRecord
+from auditor.model import GpuConflict, GpuRecord
 from auditor.store.schema import gpus
-from auditor.store.writes import GpuConflict, gpu_conflicts, upsert_gpus
+from auditor.store.writes import gpu_conflicts, upsert_gpus
 
 __all__ = ["fake_nvml_library", "script", "store"]
 
@@ -174,7 +174,7 @@ def test_the_sampler_skips_a_conflicting_card_and_keeps_the_others(
     with open_store(store).begin() as conn:  # GPU-aaaa was imported under another node
         upsert_gpus(conn, [GpuRecord("GPU-aaaa", "node-z", 0, "NVIDIA H100")])
     rig = Rig(store, tmp=tmp_path, socket=None)
-    with caplog.at_level(logging.WARNING, logger="auditor.collect.sampler"):
+    with caplog.at_level(logging.WARNING, logger="auditor.agents.sample.sampler"):
         rig.passes(3)
         assert rig.sampler.flush()
         rig.passes(2)

@@ -193,9 +193,8 @@ def test_the_sampler_sink_leaves_out_a_card_the_store_cannot_hold(engine: Any) -
     and logged, the others are written."""
     from sqlalchemy import func, select
 
-    from auditor.collect.buffer import Batch
-    from auditor.collect.sink import StoreSink
-    from auditor.model import GpuRecord, GpuSample
+    from auditor.model import Batch, GpuRecord, GpuSample
+    from auditor.store.sample_sink import StoreSink
     from auditor.store.schema import gpu_samples, gpus
 
     odd = "GPU-" + "f" * 300

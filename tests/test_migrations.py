@@ -206,3 +206,36 @@ def test_a_fresh_sqlite_file_is_created_as_the_migrations_make_it(tmp_path: Path
     assert shape(created) == shape(migrated)
     assert migrate.current(f"sqlite:///{created}") == migrate.head()
     assert migrate.check_drift(f"sqlite:///{created}") == []
+
+
+def test_db_current_and_upgrade_report_the_revision_before_and_after(
+    db_url: str, tmp_path: Path
+) -> None:
+    """`db current` says an empty database is empty and what the auditor needs; `db upgrade`
+    brings it there and says so; a database that cannot be opened is one line, no traceback."""
+    from typer.testing import CliRunner
+
+    from auditor.cli import app
+
+    runner = CliRunner()
+    head = migrate.head()
+
+    before = runner.invoke(app, ["--db", db_url, "db", "current"])
+    upgraded = runner.invoke(app, ["--db", db_url, "db", "upgrade"])
+    after = runner.invoke(app, ["--db", db_url, "db", "current"])
+
+    assert (before.exit_code, before.output.splitlines()) == (
+        0,
+        ["current: (empty)", f"head:    {head}"],
+    )
+    assert (upgraded.exit_code, upgraded.output) == (0, f"database at revision {head}\n")
+    assert after.output.splitlines() == [f"current: {head}", f"head:    {head}"]
+
+    missing = f"sqlite:///{tmp_path / 'no-such-dir' / 'auditor.db'}"
+    for command in (["db", "current"], ["db", "upgrade"]):
+        failed = runner.invoke(app, ["--db", missing, *command])
+        assert failed.exit_code != 0
+        assert isinstance(failed.exception, SystemExit), failed.exception
+        lines = failed.output.strip().splitlines()
+        assert len(lines) == 1, failed.output
+        assert lines[0].startswith("auditor: error: "), failed.output

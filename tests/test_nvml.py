@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from fake_nvml.build import SCRIPT_ENV, fake_nvml_library, render_script, write_script
 
-from auditor.collect.nvml import DriverError, NvmlReader
+from auditor.agents.sample.nvml import DriverError, NvmlReader
 
 __all__ = ["fake_nvml_library"]
 

@@ -15,8 +15,7 @@ import grpc  # type: ignore[import-untyped]
 import pytest
 from fake_podresources import FakeContainer, FakePodResources, encode_response
 
-from auditor.collect.buffer import Holding
-from auditor.collect.podresources import (
+from auditor.agents.sample.podresources import (
     DeviceHolder,
     PodResourcesClient,
     PodResourcesError,
@@ -24,8 +23,8 @@ from auditor.collect.podresources import (
     encode_field,
     normalise_device_id,
 )
-from auditor.collect.sampler import holdings
-from auditor.model import GpuRecord
+from auditor.agents.sample.sampler import holdings
+from auditor.model import GpuRecord, Holding
 
 
 @pytest.fixture

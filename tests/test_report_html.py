@@ -8,12 +8,15 @@ from pathlib import Path
 
 import pytest
 from htmlweek import week_report
+from sqlalchemy import Connection, Engine, event
+from sqlalchemy.pool import QueuePool
 from typer.testing import CliRunner
 
 from auditor import jobs
 from auditor.cli import app
 from auditor.report.html import render_report_html, slug
 from auditor.report.summary import GroupBy
+from auditor.settings import Thresholds
 
 MB = 1_000_000
 
@@ -105,3 +108,40 @@ def test_report_format_html_writes_one_page(small_db: str, tmp_path: Path) -> No
     res = CliRunner().invoke(app, ["--db", small_db, "report", "--format", "html"])
     assert res.exit_code == 0
     assert res.output.startswith("<!DOCTYPE html>")
+
+
+def test_the_html_report_reads_the_store_once_on_one_engine_it_disposes(small_db: str) -> None:
+    """Who held which card is read once for all the job timelines, the report's results once,
+    and the one engine used is disposed (its pool holds no open connection afterwards)."""
+    statements: list[str] = []
+    engines: dict[int, Engine] = {}
+
+    def seen(conn: Connection, cursor: object, statement: str, *_: object) -> None:
+        statements.append(" ".join(statement.split()))
+        engines[id(conn.engine)] = conn.engine
+
+    event.listen(Engine, "before_cursor_execute", seen)
+    try:
+        html = jobs.build_report_html(
+            small_db, start_ms=None, end_ms=None, by=GroupBy.TEAM, team=None,
+            thresholds=Thresholds(),
+        )  # fmt: skip
+    finally:
+        event.remove(Engine, "before_cursor_execute", seen)
+
+    assert html.count('class="strip"') >= 2  # timelines of several jobs were drawn
+    reads = {
+        "pods": "SELECT pods.uid,",
+        "gpus": "SELECT gpus.id,",
+        "assignments": "SELECT gpu_assignments.pod_uid,",
+        "results": "SELECT audit_results.",
+        "findings": "SELECT audit_findings.",
+    }
+    for what, head in reads.items():
+        assert sum(s.startswith(head) for s in statements) == 1, what
+    assert len(engines) == 1
+    (engine,) = engines.values()
+    pool = engine.pool
+    assert isinstance(pool, QueuePool)
+    assert pool.checkedin() == 0
+    assert pool.checkedout() == 0

@@ -20,16 +20,16 @@ from prometheus_client import CollectorRegistry
 from records import bare_pod
 from sqlalchemy import select
 
-from auditor.collect.buffer import DiskBuffer
-from auditor.collect.nvml import NvmlReader
-from auditor.collect.podresources import PodResourcesClient
-from auditor.collect.sampler import Sampler, SamplerSettings
-from auditor.collect.sampler_metrics import SamplerMetrics
-from auditor.collect.sink import StoreSink
+from auditor.agents.sample.buffer import DiskBuffer
+from auditor.agents.sample.metrics import SamplerMetrics
+from auditor.agents.sample.nvml import NvmlReader
+from auditor.agents.sample.podresources import PodResourcesClient
+from auditor.agents.sample.sampler import Sampler, SamplerSettings
 from auditor.jobs import open_store
 from auditor.model import PodRecord
 from auditor.store import migrate
 from auditor.store.engine import make_engine
+from auditor.store.sample_sink import StoreSink
 from auditor.store.schema import gpu_assignments, gpu_samples, gpus
 from auditor.store.writes import upsert_pods
 

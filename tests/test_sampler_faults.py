@@ -4,6 +4,7 @@ driver library; and its own /metrics and /healthz.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -19,8 +20,8 @@ from fake_nvml.build import SCRIPT_ENV, fake_nvml_library, render_script, write_
 from fake_podresources import FakePodResources
 from test_sampler import GPU_A, GPU_B, T0, Rig, kubelet, script, store, stored
 
-from auditor.collect.buffer import DiskBuffer
-from auditor.collect.sampler_metrics import serve
+from auditor.agents.sample.buffer import DiskBuffer
+from auditor.agents.sample.metrics import serve
 
 __all__ = ["fake_nvml_library", "kubelet", "script", "store"]
 
@@ -210,6 +211,34 @@ def test_sample_command_runs_on_the_real_pynvml(
     done = run_cli(args, env)
     assert done.returncode == 0, done.stderr
     assert len(stored(db)) == 6
+
+
+@pytest.mark.parametrize("how", ["flag", "env"])
+def test_sample_command_logs_json_through_the_watchers_logging_setup(
+    fake_nvml_library: Path, script: Path, tmp_path: Path, how: str
+) -> None:
+    """`--log-format json` (or AUDITOR_LOG_FORMAT=json), as the watcher takes it: the
+    sampler's warnings (here: the store cannot be opened) are one JSON object a line."""
+    env = {
+        **os.environ,
+        "LD_LIBRARY_PATH": str(fake_nvml_library.parent),
+        SCRIPT_ENV: str(script),
+    }
+    down = f"sqlite:///{tmp_path / 'no-such-dir' / 'a.db'}"
+    args = ["--db", down, "sample", "--node", "node-a", "--buffer-dir", str(tmp_path / "buf")]
+    args += ["--no-pod-resources", "--metrics-port", "-1", "--period", "0.2", "--passes", "2"]
+    if how == "flag":
+        args += ["--log-format", "json"]
+    else:
+        env["AUDITOR_LOG_FORMAT"] = "json"
+    done = run_cli(args, env)
+    assert done.returncode == 0, done.stderr
+    records = [json.loads(line) for line in done.stderr.splitlines() if line.startswith("{")]
+    failed = [r for r in records if r["message"].startswith("store write failed")]
+    assert failed, done.stderr
+    assert {(r["level"], r["logger"]) for r in failed} == {
+        ("warning", "auditor.agents.sample.sampler")
+    }
 
 
 def test_sample_command_without_the_driver_library_exits_with_a_clear_error(

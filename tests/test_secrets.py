@@ -20,17 +20,17 @@ from fakeprom import Reply, fake_prometheus
 from prometheus_client import CollectorRegistry
 from typer.testing import CliRunner
 
+from auditor.agents.sample.buffer import DiskBuffer
+from auditor.agents.sample.metrics import SamplerMetrics
+from auditor.agents.sample.sampler import Sampler, SamplerSettings
+from auditor.agents.serve import setup_logging
 from auditor.cli import app
-from auditor.collect.buffer import DiskBuffer
-from auditor.collect.observe import setup_logging
-from auditor.collect.sampler import Sampler, SamplerSettings
-from auditor.collect.sampler_metrics import SamplerMetrics
-from auditor.collect.sink import StoreSink
 from auditor.errors import StoreError
 from auditor.jobs import open_store
 from auditor.model import GpuRecord, GpuSample
 from auditor.redact import redact
 from auditor.store.engine import make_engine
+from auditor.store.sample_sink import StoreSink
 
 SECRET = "s3cr3t-PW@x:y"
 ENCODED = "s3cr3t-PW%40x%3Ay"
@@ -144,7 +144,7 @@ def test_the_service_log_redacts_messages_arguments_and_tracebacks(
 ) -> None:
     monkeypatch.setattr("sys.stderr", auditor_logs)
     setup_logging(json_format=json_format)
-    log = logging.getLogger("auditor.collect.sampler")
+    log = logging.getLogger("auditor.agents.sample.sampler")
     url = f"postgresql://auditor:{SECRET}@db:5432/auditor"
     log.warning("store write failed, %d passes kept: %s", 3, StoreError(f"cannot use {url}"))
     log.warning(f"plain {url} and password={SECRET} and Authorization: Bearer {SECRET}")

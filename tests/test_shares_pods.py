@@ -23,9 +23,9 @@ from typer.testing import CliRunner
 from auditor.cli import app
 from auditor.collect import shares
 from auditor.collect.kubectl_files import read_kubectl
-from auditor.collect.sinks import PodSink, requests_gpus
 from auditor.collect.workloads import pod_record
 from auditor.errors import ConfigError, PodFieldError
+from auditor.jobs.watch_sinks import PodSink, requests_gpus
 from auditor.model import GpuRecord, PodRecord
 from auditor.settings import Sharing, TeamRules, load_config
 from auditor.store import reads

@@ -21,17 +21,17 @@ from prometheus_client import CollectorRegistry
 from records import bare_pod
 from sqlalchemy import select
 
-from auditor.collect.buffer import Batch, DiskBuffer, Holding, decode_batch, encode_batch
-from auditor.collect.cgroups import pod_uid_in
-from auditor.collect.nvml import NvmlReader
-from auditor.collect.podresources import PodResourcesClient
-from auditor.collect.sampler import Sampler, SamplerSettings
-from auditor.collect.sampler_metrics import SamplerMetrics
-from auditor.collect.sink import StoreSink
+from auditor.agents.sample.buffer import DiskBuffer, decode_batch, encode_batch
+from auditor.agents.sample.cgroups import pod_uid_in
+from auditor.agents.sample.metrics import SamplerMetrics
+from auditor.agents.sample.nvml import NvmlReader
+from auditor.agents.sample.podresources import PodResourcesClient
+from auditor.agents.sample.sampler import Sampler, SamplerSettings
 from auditor.jobs import open_store
-from auditor.model import GpuRecord, GpuSample, TenantSample
+from auditor.model import Batch, GpuRecord, GpuSample, Holding, TenantSample
 from auditor.store import migrate, reads
 from auditor.store.engine import make_engine
+from auditor.store.sample_sink import StoreSink
 from auditor.store.schema import gpus
 
 __all__ = ["fake_nvml_library"]

@@ -16,12 +16,13 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from auditor.agents.serve import JsonFormatter
+from auditor.agents.watch.kube import Event, Expired, Page, Unavailable
+from auditor.agents.watch.metrics import WatchMetrics, serve
+from auditor.agents.watch.watcher import Backoff, LoopOptions, Reflector
 from auditor.cli import app
-from auditor.collect.kube import Event, Expired, Page, Unavailable
 from auditor.collect.nodes import node_row
-from auditor.collect.observe import JsonFormatter, WatchMetrics, serve
 from auditor.collect.selectors import matcher
-from auditor.collect.watcher import Backoff, LoopOptions, Reflector
 
 # ------------------------------------------------------------------ backoff
 

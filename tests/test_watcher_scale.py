@@ -16,7 +16,7 @@ from kubeapi import FakeApiServer
 from kubeobjects import T0, pod
 from watchharness import Harness
 
-from auditor.collect.kube import Timeouts
+from auditor.agents.watch.kube import Timeouts
 
 PODS = 10_000
 

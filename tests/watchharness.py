@@ -16,11 +16,11 @@ from typing import Any
 from kubeapi import FakeApiServer
 from sqlalchemy import Engine, select
 
-from auditor.collect import kube
-from auditor.collect.observe import WatchMetrics
-from auditor.collect.sinks import NodeSink, PodSink, requests_gpus, scope_filter
-from auditor.collect.watcher import Backoff, LoopOptions, Reflector
+from auditor.agents.watch import kube
+from auditor.agents.watch.metrics import WatchMetrics
+from auditor.agents.watch.watcher import Backoff, LoopOptions, Reflector
 from auditor.jobs import open_store
+from auditor.jobs.watch_sinks import NodeSink, PodSink, requests_gpus, scope_filter
 from auditor.settings import TeamRules
 from auditor.store import migrate
 from auditor.store.schema import nodes, pods

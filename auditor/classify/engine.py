@@ -9,7 +9,7 @@ Pipeline, each step a vectorised pass over flat arrays (loops only per GPU, gang
    Held segments that are uncovered or whose utilisation is unreadable → `unobserved` of
    the pod. The rest are *observed rows*: `u/100` of their time is `busy`.
 4. `runs.classify_runs`: idle runs per tenure card (whole / leading / trailing / long mid).
-5. `gangs.analyse_gangs`: each row against its gang at the same instant; gang-wide gaps and
+5. `gangs.compare_with_gang`: each row against its gang at the same instant; gang-wide gaps and
    their regular series.
 6. Per row, what is left: an idle row while another card of the gang is active →
    `straggler_wait`; an idle row in a checkpoint gap → `checkpoint`; other idle →
@@ -18,10 +18,22 @@ Pipeline, each step a vectorised pass over flat arrays (loops only per GPU, gang
    `(100 − u_max)/100` `compute_idle`; other active rows → `(100 − u)/100` `compute_idle`.
 7. Everything is classified over the whole input, then clipped to the window
    (`pieces.Pieces.window_ms`) and summed; findings come from the same clipped pieces.
+   On request (`keep_pieces`) the clipped pieces themselves come back too, one row per
+   piece and category (`pieces.piece_frame`): what `auditor explain` draws over time.
+
+Shared and partitioned cards (SPEC §7) enter between steps 1 and 2: `shares.expand` turns
+each tenant of a shared card into a virtual card and weighs MIG instances; the pieces'
+fractions are then scaled to card-seconds (`shares.Scale`) and put back on the physical
+cards at the end. Without shared cards none of this runs.
+
+Names: `st` is the sample table, `ten` the tenure table, `seg` the segments; `r_…` arrays
+have one entry per *observed row* (a held, covered, readable segment: the rows the rules
+judge); `rest` holds the segments that are wholly one category (unallocated, unobserved).
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -33,9 +45,17 @@ from auditor.classify import codes
 from auditor.classify.arrays import INT_MIN, BoolArr, FloatArr, IntArr, empty_int
 from auditor.classify.coverage import load_samples
 from auditor.classify.findings import FindingInputs, build_findings, empty_findings
-from auditor.classify.gangs import GangView, analyse_gangs
-from auditor.classify.pieces import Pieces, Plain, empty_results, sum_results
+from auditor.classify.gangs import GangView, compare_with_gang
+from auditor.classify.pieces import (
+    Pieces,
+    Plain,
+    empty_piece_frame,
+    empty_results,
+    piece_frame,
+    sum_results,
+)
 from auditor.classify.runs import RunDecision, classify_runs
+from auditor.classify.shares import Scale, expand, on_physical_cards
 from auditor.classify.timeline import TenureTable, cut_segments, normalise_tenures
 from auditor.settings import Thresholds
 
@@ -60,10 +80,15 @@ class Classification:
     `WasteCategory`).
     `findings`: columns kind, gang, gpu, pod_uid, start_ms, end_ms, seconds, detail (see
     `auditor.classify.findings`).
+    `pieces`: None unless asked for (`classify(..., keep_pieces=True)`); then the classified
+    pieces over time, columns gpu, pod_uid, start_ms, end_ms, category, seconds, clipped to
+    the window: summed per (gpu, pod_uid, category) they are `results`
+    (`auditor.classify.pieces.piece_frame`).
     """
 
     results: pd.DataFrame
     findings: pd.DataFrame
+    pieces: pd.DataFrame | None = None
 
 
 def _marker_codes(markers: pd.DataFrame | None, tenures: TenureTable) -> tuple[IntArr, ...]:
@@ -138,6 +163,7 @@ def _split_teardown(pieces: Pieces, split_at: IntArr) -> Pieces:
         blame=more(pieces.blame),
         run=more(pieces.run),
         gap=more(pieces.gap),
+        estimated=None if pieces.estimated is None else more(pieces.estimated),
     )
 
 
@@ -148,6 +174,10 @@ def classify(
     window: Window,
     thresholds: Thresholds,
     markers: pd.DataFrame | None = None,
+    cards: pd.DataFrame | None = None,
+    activity: pd.DataFrame | None = None,
+    shared_cards: Collection[str] = (),
+    keep_pieces: bool = False,
 ) -> Classification:
     """Split every capacity second in `window` into categories (module docstring).
 
@@ -156,10 +186,32 @@ def classify(
     `tenures`: gpu, pod_uid, gang, start_ms, end_ms, optionally released (as
     `build_tenures` makes them; without `released` every tenure counts as ended).
     `markers`: gang, start_ms, end_ms of checkpoint markers (optional).
+    Shared and partitioned cards (SPEC §7, `auditor.classify.shares`): `tenures` may carry a
+    `share` column (share of the card per tenure; NaN: an equal split); `cards` (uuid,
+    parent_uuid, mig_profile, model) weighs MIG instances; `activity` (gpu, pod_uid, ts_ms,
+    util: a pod's utilisation of the whole card) is each tenant's measured activity.
+    `shared_cards` go through the shared path even where every tenure holds them whole (a
+    test hook: one tenant of share 1 must come out as the exclusive path does).
+    `keep_pieces`: also return the classified pieces over time (`Classification.pieces`).
     """
     st = load_samples(samples, thresholds=thresholds)
     if st.ts.size == 0:
-        return Classification(results=empty_results(), findings=empty_findings())
+        return Classification(
+            results=empty_results(),
+            findings=empty_findings(),
+            pieces=empty_piece_frame() if keep_pieces else None,
+        )
+    shared = expand(
+        st,
+        tenures,
+        cards=cards,
+        activity=activity,
+        window=(window.start_ms, window.end_ms),
+        force=shared_cards,
+    )
+    scale: Scale | None = None
+    if shared is not None:
+        st, tenures, scale = shared.samples, shared.tenures, shared.scale
     ten = normalise_tenures(tenures, st)
     startup_cap = ten.bound + round(thresholds.startup_cap_s * 1000)
     seg = cut_segments(st, ten, extra_gpu=ten.gpu, extra_ms=startup_cap)
@@ -177,6 +229,11 @@ def classify(
         start=seg.start[plain],
         end=seg.end[plain],
         category=unobserved,
+        weight=None
+        if scale is None
+        else np.where(
+            seg.covered[plain], scale.covered[seg.sample[plain]], scale.gap[seg.sample[plain]]
+        ),
     )
     r_ten, r_start, r_end = seg.tenure[rows], seg.start[rows], seg.end[rows]
     r_util, r_sample, r_gpu = seg_util[rows], seg.sample[rows], seg.gpu[rows]
@@ -195,7 +252,7 @@ def classify(
     gang_period = np.ones(ten.gangs.size, dtype=np.int64)
     np.maximum.at(gang_period, ten.gang, st.period[ten.gpu])
     m_gang, m_start, m_end = _marker_codes(markers, ten)
-    view = analyse_gangs(
+    view = compare_with_gang(
         gang=ten.gang[r_ten],
         gpu=r_gpu,
         ts=st.ts[r_sample],
@@ -209,13 +266,18 @@ def classify(
     cat_a, frac_a, cat_b, frac_b, blame = _per_sample_rules(
         util=r_util, idle=idle, decided=decided, view=view, thresholds=thresholds
     )
+    busy = r_util / 100.0
+    if scale is not None:  # shares of a card (SPEC §7): card-seconds, not the tenant's own
+        busy = scale.busy[r_sample]
+        frac_a = frac_a * scale.idle[r_sample]
+        frac_b = frac_b * scale.idle[r_sample]
     pieces = _split_teardown(
         Pieces(
             gpu=r_gpu,
             tenure=r_ten,
             start=r_start,
             end=r_end,
-            busy=r_util / 100.0,
+            busy=busy,
             cat_a=cat_a,
             frac_a=frac_a,
             cat_b=cat_b,
@@ -223,6 +285,7 @@ def classify(
             blame=blame,
             run=decided.run,
             gap=view.gap,
+            estimated=None if scale is None else scale.estimated[r_sample],
         ),
         decided.split_at,
     )
@@ -254,4 +317,20 @@ def classify(
             thresholds=thresholds,
         )
     )
-    return Classification(results=results, findings=findings)
+    kept = None
+    if keep_pieces:
+        kept = piece_frame(
+            pieces,
+            lo=lo,
+            hi=hi,
+            seconds=seconds,
+            rest=rest,
+            window=(window.start_ms, window.end_ms),
+            tenures=ten,
+            uuids=st.uuids,
+        )
+    if shared is not None:
+        results, findings = on_physical_cards(results, findings, shared)
+        if kept is not None and shared.physical:
+            kept = kept.assign(gpu=kept["gpu"].map(lambda g: shared.physical.get(g, g)))
+    return Classification(results=results, findings=findings, pieces=kept)

@@ -30,7 +30,7 @@ from auditor.settings import Thresholds
 
 FINDING_COLUMNS = ["kind", "gang", "gpu", "pod_uid", "start_ms", "end_ms", "seconds", "detail"]
 
-KIND_ORDER = ("checkpoint", "reserved_idle", "startup", "straggler", "teardown")
+KIND_ORDER = ("checkpoint", "oversubscribed", "reserved_idle", "startup", "straggler", "teardown")
 
 
 @dataclass(frozen=True)

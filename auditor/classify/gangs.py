@@ -14,6 +14,12 @@ it. A gap spans `[first·P − P/2, last·P + P/2)` (what a checkpoint marker mu
 where its start-to-start intervals are measured from); its length is its observed time,
 P per idle tick, as for idle runs. A gap is `checkpoint`-able when it overlaps a checkpoint
 marker of its gang, or belongs to a regular series (`find_series`).
+
+Names in `compare_with_gang` (arrays are flat, one entry per item of what the prefix says):
+- `s_…` observed rows **sorted** by (gang, tick, card); `order` maps them back;
+- `e_…` **entries**: one per (gang, tick, card), a card's rows on one tick merged;
+- `t_…` **ticks**: one per (gang, tick), with the count of active cards and the two busiest;
+- `g_…`/`gap_…` **gaps**: one per gang-wide gap (maximal run of ticks with no active card).
 """
 
 from __future__ import annotations
@@ -128,7 +134,7 @@ def _marked(
     return np.asarray(reach > gap_start, dtype=np.bool_)
 
 
-def analyse_gangs(
+def compare_with_gang(
     *,
     gang: IntArr,
     gpu: IntArr,
@@ -140,7 +146,9 @@ def analyse_gangs(
     marker_end: IntArr,
     thresholds: Thresholds,
 ) -> GangView:
-    """Compare every observed row with its gang at the same instant (module docstring)."""
+    """Compare every observed row with its gang at the same instant (module docstring): for
+    each row, whether another card of its gang was active, the busiest other card, and the
+    gang-wide gap (and checkpoint series) its tick belongs to."""
     n = gang.size
     period = gang_period[gang]
     tick = (2 * ts + period) // (2 * period)

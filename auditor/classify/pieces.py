@@ -15,11 +15,11 @@ import numpy as np
 import pandas as pd
 
 from auditor.classify import codes
-from auditor.classify.arrays import FloatArr, IntArr, ObjArr, reduce_groups
+from auditor.classify.arrays import BoolArr, FloatArr, IntArr, ObjArr, reduce_groups
 from auditor.classify.timeline import TenureTable
 from auditor.model import CATEGORIES
 
-RESULT_COLUMNS = ["gpu", "pod_uid", "category", "seconds"]
+RESULT_COLUMNS = ["gpu", "pod_uid", "category", "seconds", "estimated"]
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,9 @@ class Pieces:
     """Idle run of the row the piece comes from (-1 where none)."""
     gap: IntArr
     """Gang-wide gap of the row the piece comes from (-1 where none)."""
+    estimated: BoolArr | None = None
+    """Per piece, whether its attribution was estimated by share (shared cards, SPEC §7);
+    None where no card is shared."""
 
     def window_ms(self, start_ms: int, end_ms: int) -> tuple[IntArr, IntArr, FloatArr]:
         """Each piece clipped to the window: clipped start, clipped end, seconds inside."""
@@ -59,6 +62,8 @@ class Plain:
     start: IntArr
     end: IntArr
     category: IntArr
+    weight: FloatArr | None = None
+    """Card-seconds per second of each segment (a share of a partitioned card); None: 1."""
 
 
 def empty_results() -> pd.DataFrame:
@@ -68,6 +73,7 @@ def empty_results() -> pd.DataFrame:
             "pod_uid": pd.Series([], dtype=object),
             "category": pd.Series([], dtype=object),
             "seconds": pd.Series([], dtype=np.float64),
+            "estimated": pd.Series([], dtype=bool),
         }
     )
 
@@ -81,18 +87,21 @@ def sum_results(
     tenures: TenureTable,
     uuids: ObjArr,
 ) -> pd.DataFrame:
-    """Seconds per (GPU, pod, category) inside the window.
+    """Seconds per (GPU, pod, category, estimated) inside the window.
 
-    `seconds` is each piece's time inside the window; `rest` is clipped here.
+    `seconds` is each piece's time inside the window; `rest` is clipped (and weighted) here.
     """
     n_ten = tenures.size
     n_cat = codes.N_CATEGORIES
-    size = (n_ten + uuids.size) * n_cat
+    n_est = 1 if pieces.estimated is None else 2
+    size = (n_ten + uuids.size) * n_cat * n_est
 
     def cell(gpu: IntArr, tenure: IntArr) -> IntArr:
-        return np.where(tenure >= 0, tenure, n_ten + gpu) * n_cat
+        return np.where(tenure >= 0, tenure, n_ten + gpu) * (n_cat * n_est)
 
     base = cell(pieces.gpu, pieces.tenure)
+    if pieces.estimated is not None:
+        base = base + pieces.estimated.astype(np.int64) * n_cat
     totals = np.zeros(size)
     totals += np.bincount(base + codes.BUSY, weights=pieces.busy * seconds, minlength=size)
     totals += np.bincount(base + pieces.cat_a, weights=pieces.frac_a * seconds, minlength=size)
@@ -106,19 +115,22 @@ def sum_results(
     rest_seconds = (
         np.maximum(np.minimum(rest.end, window[1]) - np.maximum(rest.start, window[0]), 0) / 1000.0
     )
+    if rest.weight is not None:
+        rest_seconds = rest_seconds * rest.weight
     totals += np.bincount(
         cell(rest.gpu, rest.tenure) + rest.category, weights=rest_seconds, minlength=size
     )
     nonzero = np.flatnonzero(totals > 0)
     if nonzero.size == 0:
         return empty_results()
-    grp, cat = nonzero // n_cat, nonzero % n_cat
+    grp, rem = nonzero // (n_cat * n_est), nonzero % (n_cat * n_est)
+    est, cat = rem // n_cat, rem % n_cat
     held = grp < n_ten
     ten = np.where(held, grp, 0)
     gpu = np.where(held, tenures.gpu[ten] if n_ten else 0, grp - n_ten)
     pod = np.where(held, tenures.pod[ten] if n_ten else 0, -1)
-    (gpu, pod1, cat), _, _, seconds_sum, _ = reduce_groups(
-        (gpu, pod + 1, cat), lo=gpu, hi=gpu, seconds=totals[nonzero]
+    (gpu, pod1, cat, est), _, _, seconds_sum, _ = reduce_groups(
+        (gpu, pod + 1, cat, est), lo=gpu, hi=gpu, seconds=totals[nonzero]
     )
     names = np.array([str(c) for c in CATEGORIES], dtype=object)
     pod_uid = np.full(pod1.size, None, dtype=object)
@@ -130,5 +142,87 @@ def sum_results(
             "pod_uid": pd.Series(pod_uid, dtype=object),
             "category": pd.Series(names[cat], dtype=object),
             "seconds": seconds_sum,
+            "estimated": est.astype(bool),
+        }
+    )
+
+
+PIECE_COLUMNS = ["gpu", "pod_uid", "start_ms", "end_ms", "category", "seconds"]
+
+
+def empty_piece_frame() -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            "gpu": pd.Series([], dtype=object),
+            "pod_uid": pd.Series([], dtype=object),
+            "start_ms": pd.Series([], dtype=np.int64),
+            "end_ms": pd.Series([], dtype=np.int64),
+            "category": pd.Series([], dtype=object),
+            "seconds": pd.Series([], dtype=np.float64),
+        }
+    )
+
+
+def piece_frame(
+    pieces: Pieces,
+    *,
+    lo: IntArr,
+    hi: IntArr,
+    seconds: FloatArr,
+    rest: Plain,
+    window: tuple[int, int],
+    tenures: TenureTable,
+    uuids: ObjArr,
+) -> pd.DataFrame:
+    """The classified pieces over time: one row per (piece, category) with seconds > 0.
+
+    Columns `PIECE_COLUMNS`: start_ms and end_ms are the piece clipped to the window (`lo`,
+    `hi`, `seconds` as `Pieces.window_ms` returns them), seconds is the category's fraction
+    of the clipped time, computed as `sum_results` computes it, so that the seconds summed per
+    (gpu, pod_uid, category) are the results. pod_uid is None where nobody held the card.
+    Sorted by gpu, pod_uid (None first), start_ms and category (in `CATEGORIES` order).
+    """
+    has_b = np.flatnonzero(pieces.cat_b >= 0)
+    r_lo = np.maximum(rest.start, window[0])
+    r_hi = np.minimum(rest.end, window[1])
+    r_seconds = np.maximum(r_hi - r_lo, 0) / 1000.0
+    if rest.weight is not None:
+        r_seconds = r_seconds * rest.weight
+    n = pieces.gpu.size
+    gpu = np.concatenate([pieces.gpu, pieces.gpu, pieces.gpu[has_b], rest.gpu])
+    tenure = np.concatenate([pieces.tenure, pieces.tenure, pieces.tenure[has_b], rest.tenure])
+    start = np.concatenate([lo, lo, lo[has_b], r_lo])
+    end = np.concatenate([hi, hi, hi[has_b], r_hi])
+    category = np.concatenate(
+        [np.full(n, codes.BUSY, dtype=np.int64), pieces.cat_a, pieces.cat_b[has_b], rest.category]
+    )
+    part = np.concatenate(
+        [
+            pieces.busy * seconds,
+            pieces.frac_a * seconds,
+            pieces.frac_b[has_b] * seconds[has_b],
+            r_seconds,
+        ]
+    )
+    keep = np.flatnonzero(part > 0)
+    if keep.size == 0:
+        return empty_piece_frame()
+    gpu, tenure, start, end = gpu[keep], tenure[keep], start[keep], end[keep]
+    category, part = category[keep], part[keep]
+    held = tenure >= 0
+    pod = np.full(keep.size, -1, dtype=np.int64)
+    pod[held] = tenures.pod[tenure[held]]
+    order = np.lexsort((category, start, pod, gpu))
+    pod_uid = np.full(keep.size, None, dtype=object)
+    pod_uid[held] = tenures.pods[pod[held]]
+    names = np.array([str(c) for c in CATEGORIES], dtype=object)
+    return pd.DataFrame(
+        {
+            "gpu": pd.Series(uuids[gpu[order]], dtype=object),
+            "pod_uid": pd.Series(pod_uid[order], dtype=object),
+            "start_ms": start[order].astype(np.int64),
+            "end_ms": end[order].astype(np.int64),
+            "category": pd.Series(names[category[order]], dtype=object),
+            "seconds": part[order],
         }
     )

@@ -1,37 +1,65 @@
-"""Who held which GPU when (SPEC §2.2): pod records → per-GPU tenures.
+"""Who held which GPU when (SPEC §2.2, §7): pod records → per-GPU tenures with a share.
 
 A pod holds its GPUs from `bound_ms` until `min(finished_ms, deleted_ms)`, or until `now_ms`
 while it still holds them. A pod without a bound time holds nothing; so does a pod whose
-tenure would be empty.
+tenure would be empty, and a Run:ai reservation pod (a placeholder, never a tenant).
 
-Which GPUs: the exact mapping (`assignments`, from pod-resources or dcgm labels) wherever the
-pod has one, on whatever node those GPUs are. Otherwise the documented inference, node by
-node: pods in order of bound time (ties by namespace, then name, then uid) each take the
-lowest-index GPUs of their node that are free at their bound time, `gpu_count` of them. Free
-means not held at that instant by any other tenure, exact or inferred earlier. MIG
-resources (`nvidia.com/mig-*`) draw from the node's GPUs that have a parent (MIG instances),
-anything else from those without. Where fewer are free than requested the pod takes those
-that are free (possibly none): the shortfall is bad data, and inventing a GPU would put
-time on a card nobody saw. A pod without a node and without an exact mapping holds
-nothing. A pod listed twice counts once (its first row).
-GPUs with no index sort after indexed ones, by UUID.
+Each tenure holds a **share** of its card (SPEC §7): 1 for a whole card; for time-slicing
+or MPS replicas, the pod's replicas on that card / the node's `nvidia.com/gpu.replicas`;
+HAMi `gpucores`/100, else its memory / the card's memory, else unknown; a Run:ai fraction
+or gpu-milli/1000 as asked. An unknown share is NaN (`share_estimated`): the classifier
+splits the card equally among the tenants present. A MIG instance is a card of its own,
+held whole (its weight as a part of the physical card is the classifier's,
+`auditor.classify.shares`).
 
-Finally, on each GPU, tenures that overlap (bad data) are cut: the later start wins from its
-start and the earlier tenure ends there (at equal starts, an exact one beats an inferred one,
-then the larger pod uid wins, deterministically). Empty tenures are dropped.
+Which GPUs: the exact mapping (`assignments`, from pod-resources, dcgm labels or HAMi's
+annotation) wherever the pod has one, on whatever node those GPUs are; its `share` or
+`replicas` column, where set, gives the share on that card. Otherwise the documented
+inference, node by node: pods in order of bound time (ties by namespace, then name, then
+uid) take the lowest-index GPUs of their node that have room at their bound time. Room: a
+whole card needs a card no tenure holds then; a share needs that much share left (tenures
+of unknown share count as none); time-slicing replicas fill a card before moving to the
+next; a pod of several cards (HAMi vGPUs) takes distinct cards. MIG resources
+(`nvidia.com/mig-<profile>`) draw from the node's MIG instances of that profile (any
+instance where profiles are unknown), anything else from the cards without a parent. Where
+fewer have room than requested the pod takes those that have (possibly none): the
+shortfall is bad data, and inventing a GPU would put time on a card nobody saw. A pod
+without a node and without an exact mapping holds nothing. A pod listed twice counts once
+(its first row). GPUs with no index sort after indexed ones, by UUID.
+
+Finally, on each GPU, whole-card tenures that overlap (bad data) are cut: the later start
+wins from its start and the earlier tenure ends there (at equal starts, an exact one beats
+an inferred one, then the larger pod uid wins, deterministically). Shared tenures are not
+cut: where their shares add up to more than the card, the classifier scales them. Empty
+tenures are dropped.
 """
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Hashable, Mapping
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-TENURE_COLUMNS = ["gpu", "pod_uid", "gang", "start_ms", "end_ms", "inferred", "released"]
+TENURE_COLUMNS = [
+    "gpu",
+    "pod_uid",
+    "gang",
+    "start_ms",
+    "end_ms",
+    "inferred",
+    "released",
+    "share",
+    "share_estimated",
+]
 MIG_PREFIX = "nvidia.com/mig-"
+RESERVATION = "runai-reservation"
+"""`share_kind` of Run:ai's placeholder pods: they hold no share of anything."""
+REPLICAS_LABEL = "nvidia.com/gpu.replicas"
+EPS = 1e-9
 
 
 def _num(value: Any) -> int | None:
@@ -41,6 +69,17 @@ def _num(value: Any) -> int | None:
     if isinstance(value, float) and math.isnan(value):
         return None
     return int(value)
+
+
+def _float(value: Any) -> float | None:
+    """A finite positive float from a nullable cell, or None."""
+    if value is None or value is pd.NA:
+        return None
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return None
+    return out if math.isfinite(out) and out > 0 else None
 
 
 def _text(value: Any) -> str | None:
@@ -59,8 +98,14 @@ def empty_tenures() -> pd.DataFrame:
             "end_ms": pd.Series([], dtype=np.int64),
             "inferred": pd.Series([], dtype=bool),
             "released": pd.Series([], dtype=bool),
+            "share": pd.Series([], dtype=np.float64),
+            "share_estimated": pd.Series([], dtype=bool),
         }
     )
+
+
+def _column(frame: pd.DataFrame, name: str) -> list[Any]:
+    return frame[name].tolist() if name in frame.columns else [None] * len(frame)
 
 
 def _node_gpus(gpus: pd.DataFrame) -> dict[tuple[str, bool], list[str]]:
@@ -70,7 +115,7 @@ def _node_gpus(gpus: pd.DataFrame) -> dict[tuple[str, bool], list[str]]:
         gpus["uuid"].tolist(),
         gpus["node"].tolist(),
         gpus["gpu_index"].tolist(),
-        gpus["parent_uuid"].tolist() if "parent_uuid" in gpus.columns else [None] * len(gpus),
+        _column(gpus, "parent_uuid"),
         strict=True,
     ):
         node_s, uuid_s = _text(node), _text(uuid)
@@ -82,30 +127,152 @@ def _node_gpus(gpus: pd.DataFrame) -> dict[tuple[str, bool], list[str]]:
     return {k: [u for _, _, u in sorted(set(v))] for k, v in out.items()}
 
 
-def _free(spans: list[tuple[int, int]], at: int) -> bool:
-    """Whether no span holds the GPU at `at`; drops spans over by then (pods are placed in
-    bound order, so a span that has ended can never hold again)."""
-    spans[:] = [(start, end) for start, end in spans if end > at]
-    return not any(start <= at for start, _ in spans)
+def node_replicas(nodes: pd.DataFrame | None) -> dict[str, int]:
+    """Per node, the time-slicing/MPS replicas per card its labels say (only where > 1)."""
+    out: dict[str, int] = {}
+    if nodes is None or len(nodes) == 0:
+        return out
+    for name, labels in zip(nodes["name"].tolist(), _column(nodes, "labels"), strict=True):
+        if not isinstance(labels, dict):
+            continue
+        text = str(labels.get(REPLICAS_LABEL, "")).strip()
+        if text.isdigit() and int(text) > 1:
+            out[str(name)] = int(text)
+    return out
+
+
+class _Ask:
+    """What one pod asks of each card: a share (NaN unknown), or replicas of 1/N."""
+
+    def __init__(
+        self, rec: Mapping[Hashable, Any], *, replicas: int | None, memory: dict[str, float]
+    ) -> None:
+        self.kind = _text(rec.get("share_kind"))
+        resource = _text(rec.get("gpu_resource")) or "nvidia.com/gpu"
+        self.mig = resource.startswith(MIG_PREFIX) or self.kind == "mig"
+        self.profile = resource[len(MIG_PREFIX) :] if resource.startswith(MIG_PREFIX) else None
+        self.count = _num(rec.get("gpu_count")) or 0
+        self.share = _float(rec.get("gpu_share"))
+        self.mem_share = _float(rec.get("gpu_mem_share"))
+        self.mem_mib = _float(rec.get("gpu_mem_mib"))
+        self.memory = memory
+        self.replicas = replicas if not self.mig and self.share is None else None
+        if self.kind is not None:
+            self.replicas = None  # a HAMi/Run:ai/milli share is not a time-slicing replica
+
+    def on(self, gpu: str) -> float:
+        """The share of `gpu` one unit of the request holds (NaN where unknown)."""
+        if self.mig:
+            return 1.0
+        if self.share is not None:
+            return min(self.share, 1.0)
+        if self.mem_share is not None:
+            return min(self.mem_share, 1.0)
+        if self.mem_mib is not None and self.memory.get(gpu):
+            return min(self.mem_mib / self.memory[gpu], 1.0)
+        if self.kind == "hami":
+            return math.nan
+        if self.replicas is not None:
+            return 1.0 / self.replicas
+        return 1.0
+
+
+Span = tuple[int, int, float]
+
+
+def _room(spans: list[Span], at: int) -> tuple[float, int]:
+    """(share left, tenures present) of a card at `at`; drops spans over by then (pods are
+    placed in bound order, so a span that has ended can never hold again)."""
+    spans[:] = [s for s in spans if s[1] > at]
+    present = [s for s in spans if s[0] <= at]
+    used = sum(s[2] for s in present if not math.isnan(s[2]))
+    return 1.0 - used, len(present)
+
+
+def _place(
+    ask: _Ask, cards: list[str], held: dict[str, list[Span]], at: int
+) -> list[tuple[str, float]]:
+    """First fit of a request on the cards in index order: (card, share) taken."""
+    taken: list[tuple[str, float]] = []
+    if ask.replicas is not None and ask.share is None:
+        left = ask.count
+        for gpu in cards:
+            if left <= 0:
+                break
+            room, _ = _room(held[gpu], at)
+            fits = min(left, math.floor(room * ask.replicas + EPS))
+            if fits > 0:
+                taken.append((gpu, fits / ask.replicas))
+                left -= fits
+        return taken
+    for gpu in cards:
+        if len(taken) >= ask.count:
+            break
+        room, present = _room(held[gpu], at)
+        share = ask.on(gpu)
+        if share >= 1.0 - EPS:
+            ok = present == 0
+        elif math.isnan(share):
+            ok = room > EPS
+        else:
+            ok = room >= share - EPS
+        if ok:
+            taken.append((gpu, share))
+    return taken
+
+
+def _exact_share(ask: _Ask, gpu: str, *, share: Any, replicas: Any, cards: int) -> float:
+    """The share of an exactly mapped card: as the source says, else as the pod asks."""
+    given = _float(share)
+    if given is not None:
+        return min(given, 1.0)
+    held = _num(replicas)
+    if ask.replicas is not None:
+        if held is not None and held > 0:
+            return min(held / ask.replicas, 1.0)
+        per_card = max(ask.count, 1) / max(cards, 1)
+        return min(per_card / ask.replicas, 1.0)
+    return ask.on(gpu)
 
 
 def build_tenures(
-    pods: pd.DataFrame, gpus: pd.DataFrame, assignments: pd.DataFrame, *, now_ms: int
+    pods: pd.DataFrame,
+    gpus: pd.DataFrame,
+    assignments: pd.DataFrame,
+    *,
+    now_ms: int,
+    nodes: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
-    """Tenures (gpu, pod_uid, gang, start_ms, end_ms, inferred, released), sorted by GPU
-    and start. `released` is false for a pod still holding its GPUs at `now_ms`: its end is
-    only where the data stops, so its last idle stretch is no teardown."""
-    exact: dict[str, list[str]] = defaultdict(list)
-    for pod_uid, gpu in zip(
-        assignments["pod_uid"].tolist(), assignments["gpu_uuid"].tolist(), strict=True
+    """Tenures (gpu, pod_uid, gang, start_ms, end_ms, inferred, released, share,
+    share_estimated), sorted by GPU and start. `released` is false for a pod still holding
+    its GPUs at `now_ms`: its end is only where the data stops, so its last idle stretch is
+    no teardown. `nodes` (name, labels) gives each node's time-slicing replicas."""
+    exact: dict[str, list[tuple[str, Any, Any]]] = defaultdict(list)
+    for pod_uid, gpu, share, replicas in zip(
+        assignments["pod_uid"].tolist(),
+        assignments["gpu_uuid"].tolist(),
+        _column(assignments, "share"),
+        _column(assignments, "replicas"),
+        strict=True,
     ):
         p, g = _text(pod_uid), _text(gpu)
-        if p is not None and g is not None and g not in exact[p]:
-            exact[p].append(g)
+        if p is not None and g is not None and g not in [e[0] for e in exact[p]]:
+            exact[p].append((g, share, replicas))
+    replicas_of = node_replicas(nodes)
+    memory = {
+        str(u): float(m)
+        for u, m in zip(gpus["uuid"].tolist(), _column(gpus, "memory_total_mib"), strict=True)
+        if _float(m) is not None
+    }
+    profiles = {
+        str(u): str(p)
+        for u, p in zip(gpus["uuid"].tolist(), _column(gpus, "mig_profile"), strict=True)
+        if _text(p) is not None
+    }
 
-    rows: list[tuple[str, str, str, int, int, bool]] = []
-    held: dict[str, list[tuple[int, int]]] = defaultdict(list)
-    waiting: list[tuple[int, str, str, str, str, str, int, bool, int]] = []
+    rows: list[tuple[str, str, str, int, int, bool, float]] = []
+    held: dict[str, list[Span]] = defaultdict(list)
+    waiting: list[tuple[int, str, str, str, str, str, int, _Ask]] = []
     seen: set[str] = set()
     still_holding: set[str] = set()
     for rec in pods.to_dict("records"):
@@ -114,6 +281,8 @@ def build_tenures(
         if uid is None or bound is None or uid in seen:
             continue
         seen.add(uid)
+        if _text(rec.get("share_kind")) == RESERVATION:
+            continue
         ends = [
             t for t in (_num(rec.get("finished_ms")), _num(rec.get("deleted_ms"))) if t is not None
         ]
@@ -123,16 +292,16 @@ def build_tenures(
         if end <= bound:
             continue
         gang = _text(rec.get("gang")) or uid
-        if uid in exact:
-            for gpu in sorted(exact[uid]):
-                rows.append((gpu, uid, gang, bound, end, False))
-                held[gpu].append((bound, end))
-            continue
         node = _text(rec.get("node"))
-        count = _num(rec.get("gpu_count")) or 0
-        if node is None or count <= 0:
+        ask = _Ask(rec, replicas=replicas_of.get(node or ""), memory=memory)
+        if uid in exact:
+            for gpu, share, replicas in sorted(exact[uid], key=lambda e: e[0]):
+                s = _exact_share(ask, gpu, share=share, replicas=replicas, cards=len(exact[uid]))
+                rows.append((gpu, uid, gang, bound, end, False, s))
+                held[gpu].append((bound, end, s))
             continue
-        resource = _text(rec.get("gpu_resource")) or "nvidia.com/gpu"
+        if node is None or ask.count <= 0:
+            continue
         waiting.append(
             (
                 bound,
@@ -142,22 +311,23 @@ def build_tenures(
                 node,
                 gang,
                 end,
-                resource.startswith(MIG_PREFIX),
-                count,
+                ask,
             )
         )
 
     pools = _node_gpus(gpus)
-    for bound, _ns, _name, uid, node, gang, end, mig, count in sorted(waiting):
-        free = [g for g in pools.get((node, mig), []) if _free(held[g], bound)]
-        for gpu in free[:count]:
-            rows.append((gpu, uid, gang, bound, end, True))
-            held[gpu].append((bound, end))
+    for bound, _ns, _name, uid, node, gang, end, ask in sorted(waiting, key=lambda w: w[:4]):
+        cards = pools.get((node, ask.mig), [])
+        if ask.mig and ask.profile and any(g in profiles for g in cards):
+            cards = [g for g in cards if profiles.get(g) == ask.profile]
+        for gpu, share in _place(ask, cards, held, bound):
+            rows.append((gpu, uid, gang, bound, end, True, share))
+            held[gpu].append((bound, end, share))
 
     if not rows:
         return empty_tenures()
-    frame = pd.DataFrame(rows, columns=TENURE_COLUMNS[:-1]).astype(
-        {"gpu": object, "pod_uid": object, "gang": object}
+    frame = pd.DataFrame(rows, columns=[*TENURE_COLUMNS[:6], "share"]).astype(
+        {"gpu": object, "pod_uid": object, "gang": object, "share": np.float64}
     )
     # Later start wins; at equal starts exact beats inferred, then the larger uid.
     frame = frame.sort_values(
@@ -165,16 +335,21 @@ def build_tenures(
         ascending=[True, True, False, True],
         kind="stable",
     ).reset_index(drop=True)
-    uuid = frame["gpu"].to_numpy(dtype=object)
-    starts = frame["start_ms"].to_numpy(dtype=np.int64)
+    whole = (frame["share"] >= 1.0 - EPS).to_numpy()
     ends_at = frame["end_ms"].to_numpy(dtype=np.int64).copy()
-    if len(frame) > 1:
+    at = np.flatnonzero(whole)
+    if at.size > 1:  # whole-card claims on one card cannot overlap: the later start wins
+        uuid = frame["gpu"].to_numpy(dtype=object)[at]
+        starts = frame["start_ms"].to_numpy(dtype=np.int64)[at]
         same = uuid[1:] == uuid[:-1]
-        ends_at[:-1] = np.where(same, np.minimum(ends_at[:-1], starts[1:]), ends_at[:-1])
+        ends_at[at[:-1]] = np.where(
+            same, np.minimum(ends_at[at[:-1]], starts[1:]), ends_at[at[:-1]]
+        )
     cut = ends_at < frame["end_ms"].to_numpy(dtype=np.int64)
     frame["end_ms"] = ends_at
     frame["released"] = ~frame["pod_uid"].isin(still_holding).to_numpy() | cut
+    frame["share_estimated"] = frame["share"].isna()
     frame = frame[frame["end_ms"] > frame["start_ms"]].reset_index(drop=True)
-    return frame.astype(
+    return frame.loc[:, TENURE_COLUMNS].astype(
         {"start_ms": np.int64, "end_ms": np.int64, "inferred": bool, "released": bool}
     )

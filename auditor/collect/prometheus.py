@@ -39,10 +39,10 @@ from pathlib import Path
 from typing import Any
 
 from auditor import limits
-from auditor.collect.buffer import Holding
 from auditor.errors import GpuConflictError, InputError
-from auditor.model import GpuRecord, GpuSample
+from auditor.model import GpuRecord, GpuSample, Holding
 from auditor.redact import redact, remember
+from auditor.settings import PROMETHEUS_PASSWORD_ENV, PROMETHEUS_TOKEN_ENV
 
 MAX_POINTS = 10_000
 DEADLINE_S = 60.0
@@ -51,8 +51,8 @@ with every byte a slow server sends)."""
 MAX_RESPONSE_BYTES = 64 << 20
 """Largest answer read; a larger one asks for a narrower window or a larger --step."""
 _READ_BYTES = 1 << 16
-TOKEN_ENV = "AUDITOR_PROMETHEUS_TOKEN"
-PASSWORD_ENV = "AUDITOR_PROMETHEUS_PASSWORD"
+TOKEN_ENV = PROMETHEUS_TOKEN_ENV
+PASSWORD_ENV = PROMETHEUS_PASSWORD_ENV
 
 METRICS: Mapping[str, str] = {
     "DCGM_FI_DEV_GPU_UTIL": "util",

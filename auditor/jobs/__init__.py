@@ -15,12 +15,22 @@ from auditor.jobs.audit import (
     shard_of,
 )
 from auditor.jobs.common import BATCH_ROWS, ImportStats, open_store, raise_store_error
+from auditor.jobs.database import Revisions, db_current, db_upgrade
 from auditor.jobs.demo import SimulateStats, demo, simulate, truth_check
 from auditor.jobs.imports import (
     PrometheusImportStats,
     import_nvidia_smi,
     import_pods,
     import_prometheus,
+)
+from auditor.jobs.outputs import (
+    OutputsImportStats,
+    Selection,
+    compare,
+    import_outputs_csv,
+    import_outputs_prometheus,
+    parse_side,
+    store_latency_rows,
 )
 from auditor.jobs.reports import (
     build_report,
@@ -38,9 +48,12 @@ __all__ = [
     "READ_MARGIN_MS",
     "AuditStats",
     "ImportStats",
+    "OutputsImportStats",
     "PrometheusImportStats",
     "RetentionStats",
+    "Revisions",
     "SampleOptions",
+    "Selection",
     "SimulateStats",
     "WatchOptions",
     "audit",
@@ -48,20 +61,27 @@ __all__ = [
     "build_report",
     "build_report_html",
     "card_ranges",
+    "compare",
     "covering_runs",
     "data_window",
+    "db_current",
+    "db_upgrade",
     "demo",
     "explain",
     "export_finance",
     "import_nvidia_smi",
+    "import_outputs_csv",
+    "import_outputs_prometheus",
     "import_pods",
     "import_prometheus",
     "open_store",
+    "parse_side",
     "raise_store_error",
     "rollup",
     "sample",
     "shard_of",
     "simulate",
+    "store_latency_rows",
     "truth_check",
     "watch",
 ]

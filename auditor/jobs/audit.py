@@ -74,10 +74,12 @@ def audit(
     chunk, not the fleet or the window. With `shard=(i, n)` only the nodes of shard i are
     audited; the n shards together store exactly what one unsharded run stores.
     """
+    from auditor.classify.efficiency import efficiency
     from auditor.classify.engine import Window, classify
     from auditor.classify.rollup import rolled_up_seconds, with_rolled
     from auditor.classify.tenures import build_tenures
     from auditor.store import reads
+    from auditor.store.outputs import write_sm_rows
     from auditor.store.rollup import read_rolled_card_samples
     from auditor.store.writes import replace_audit_run
 
@@ -90,6 +92,7 @@ def audit(
     engine = open_store(url)
     result_rows: list[dict[str, object]] = []
     finding_rows: list[dict[str, object]] = []
+    sm_rows: list[dict[str, object]] = []
     n_samples = n_gpus = 0
     rolled = 0.0
     with engine.connect() as conn:
@@ -136,6 +139,17 @@ def audit(
             fnd = fnd[fnd["gpu"].fillna(fnd["gang"].map(first_card)).isin(own)]
             result_rows += _result_rows(res, part, gpu_ids)
             finding_rows += _finding_rows(fnd, gpu_ids)
+            eff = efficiency(samples, part, window=(start_ms, end_ms), thresholds=thresholds)
+            finding_rows += _finding_rows(eff.findings[eff.findings["gpu"].isin(own)], gpu_ids)
+            sm_rows += [
+                {
+                    "gpu_id": int(gpu_ids[g]),
+                    "pod_uid": p,
+                    "sm_active_seconds": a,
+                    "sm_busy_seconds": b,
+                }
+                for g, p, a, b in eff.sm[eff.sm["gpu"].isin(own)].itertuples(index=False)
+            ]
             mine = samples["gpu"].isin(own)
             n_samples += int(mine.sum())
             n_gpus += int(samples.loc[mine, "gpu"].nunique())
@@ -153,6 +167,7 @@ def audit(
             findings=finding_rows,
             rolled_up_seconds=rolled,
         )
+        write_sm_rows(conn, run_id=run_id, rows=sm_rows)
     return AuditStats(
         run_id=run_id,
         window=(start_ms, end_ms),

@@ -172,8 +172,8 @@ def import_prometheus(
         points_per_query,
         read_chunk,
     )
-    from auditor.collect.sink import resolve_holdings
     from auditor.model import GpuRecord
+    from auditor.store.sample_sink import resolve_holdings
     from auditor.store.writes import insert_samples, upsert_assignments, upsert_gpus
 
     started = time.perf_counter()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from auditor.errors import InputError
@@ -11,6 +12,7 @@ from auditor.settings import Config, Thresholds
 
 if TYPE_CHECKING:
     import pandas as pd
+    from sqlalchemy import Connection
 
     from auditor.report.explain import Explanation
     from auditor.report.render import Report
@@ -49,29 +51,56 @@ def build_report(
     top: int = 3,
 ) -> Report:
     """Read stored audit results for a window (default: the latest audited) into a Report."""
+    engine = open_store(url)
+    try:
+        with engine.connect() as conn:
+            report, _ = _read_report(
+                conn, start_ms=start_ms, end_ms=end_ms, by=by, team=team, top=top
+            )
+    finally:
+        engine.dispose()
+    return report
+
+
+def _read_report(
+    conn: Connection,
+    *,
+    start_ms: int | None,
+    end_ms: int | None,
+    by: GroupBy,
+    team: str | None,
+    top: int,
+) -> tuple[Report, pd.DataFrame]:
+    """The Report of `build_report`, and the stored results it was made of (of `team` only,
+    when given)."""
+    from auditor.report.compare import outputs_by, outputs_in_window, sm_by, with_outputs
     from auditor.report.offenders import STRAGGLER_COLUMNS, stragglers, top_offenders
     from auditor.report.render import Report
-    from auditor.report.summary import GroupBy, summarise, totals
+    from auditor.report.summary import GROUP_COLUMNS, GroupBy, summarise, totals
     from auditor.store import reads
+    from auditor.store.outputs import read_outputs, read_sm
     from auditor.store.rollup import runs_rolled_up_seconds
 
-    engine = open_store(url)
-    with engine.connect() as conn:
-        runs = reads.runs_in_window(conn, start_ms=start_ms, end_ms=end_ms)
-        if runs.empty:
-            raise InputError(
-                "no audit results for this window: run `auditor audit` first", field="window"
-            )
-        run_ids = covering_runs(
-            runs,
-            start_ms=int(runs["window_start_ms"].min()) if start_ms is None else start_ms,
-            end_ms=int(runs["window_end_ms"].max()) if end_ms is None else end_ms,
-            what="the window",
+    per_output_groups = (GroupBy.JOB, GroupBy.TEAM)
+
+    runs = reads.runs_in_window(conn, start_ms=start_ms, end_ms=end_ms)
+    if runs.empty:
+        raise InputError(
+            "no audit results for this window: run `auditor audit` first", field="window"
         )
-        runs = runs[runs["id"].isin(run_ids)]
-        results = reads.read_results(conn, run_ids)
-        findings = reads.read_findings(conn, run_ids)
-        rolled = runs_rolled_up_seconds(conn, run_ids)
+    run_ids = covering_runs(
+        runs,
+        start_ms=int(runs["window_start_ms"].min()) if start_ms is None else start_ms,
+        end_ms=int(runs["window_end_ms"].max()) if end_ms is None else end_ms,
+        what="the window",
+    )
+    runs = runs[runs["id"].isin(run_ids)]
+    results = reads.read_results(conn, run_ids)
+    findings = reads.read_findings(conn, run_ids)
+    rolled = runs_rolled_up_seconds(conn, run_ids)
+    sm = read_sm(conn, run_ids)
+    window = (int(runs["window_start_ms"].min()), int(runs["window_end_ms"].max()))
+    produced = read_outputs(conn, window=window) if by in per_output_groups else None
     scope = results if team is None else results[results["team"] == team]
     if team is not None and scope.empty:
         raise InputError(f"no team {team!r} in this window", field="--team")
@@ -85,9 +114,13 @@ def build_report(
         source = results[["gpu", "util_source"]].drop_duplicates("gpu")
         rows = rows.merge(source, on="gpu", how="left")
         rows.insert(list(rows.columns).index("gpu") + 1, "util_source", rows.pop("util_source"))
+    keys = GROUP_COLUMNS[by]
+    rows = sm_by(sm if team is None else sm[sm["team"] == team], rows, keys)
+    if produced is not None:
+        mine = produced if team is None else produced[produced["team"] == team]
+        rows = with_outputs(rows, outputs_by(outputs_in_window(mine, window=window), keys), keys)
     cards = scope[["gpu", "util_source"]].drop_duplicates("gpu")["util_source"].dropna()
-    window = (int(runs["window_start_ms"].min()), int(runs["window_end_ms"].max()))
-    return Report(
+    report = Report(
         window=window,
         by=by.value,
         rows=rows,
@@ -96,56 +129,85 @@ def build_report(
         rolled_up_seconds=rolled,
         util_sources={str(k): int(v) for k, v in cards.value_counts().items()},
     )
+    return report, scope
+
+
+@dataclass(frozen=True)
+class _Holdings:
+    """Who held which card when, read once for any number of explanations."""
+
+    pods: pd.DataFrame
+    gpus: pd.DataFrame
+    tenures: pd.DataFrame
+
+
+def _read_holdings(conn: Connection) -> _Holdings:
+    from auditor.classify.tenures import build_tenures
+    from auditor.store import reads
+    from auditor.store.rollup import rollup_span
+
+    pods = reads.read_pods(conn)
+    gpus = reads.read_gpus(conn)
+    span = reads.sample_span(conn) or rollup_span(conn)
+    now_ms = span[1] if span else int(time.time() * 1000)
+    tenures = build_tenures(pods, gpus, reads.read_assignments(conn), now_ms=now_ms)
+    return _Holdings(pods, gpus, tenures)
 
 
 def explain(url: str, target: str, *, thresholds: Thresholds, buckets: int = 600) -> Explanation:
     """Each card of a job or pod over its whole tenure: timeline, findings, next steps.
 
     Classifies the target's gang(s) afresh from the stored samples (no audit run needed), so
-    the totals are the classifier's for exactly the span the target held its cards."""
+    the totals are the classifier's for exactly the span the target held its cards, and the
+    timelines are drawn from the same classification's pieces."""
+    engine = open_store(url)
+    try:
+        with engine.connect() as conn:
+            held = _read_holdings(conn)
+            return _explain(conn, held, target, thresholds=thresholds, buckets=buckets)
+    finally:
+        engine.dispose()
+
+
+def _explain(
+    conn: Connection, held: _Holdings, target: str, *, thresholds: Thresholds, buckets: int
+) -> Explanation:
     from auditor.classify.engine import Window, classify
-    from auditor.classify.tenures import build_tenures
     from auditor.report.explain import build_explanation
     from auditor.report.targets import resolve_target
-    from auditor.report.timeline import bucketise, clip_to_observed, sample_segments
-    from auditor.store import reads
-    from auditor.store.rollup import read_audit_samples, rollup_span
+    from auditor.report.timeline import bucketise
+    from auditor.store.rollup import read_audit_samples
 
-    engine = open_store(url)
-    with engine.connect() as conn:
-        pods = reads.read_pods(conn)
-        gpus = reads.read_gpus(conn)
-        label, uids = resolve_target(pods, target)
-        span = reads.sample_span(conn) or rollup_span(conn)
-        now_ms = span[1] if span else int(time.time() * 1000)
-        tenures = build_tenures(pods, gpus, reads.read_assignments(conn), now_ms=now_ms)
-        mine = tenures[tenures["pod_uid"].isin(uids)]
-        if mine.empty:
-            raise InputError(
-                f"{label} held no GPU: no pod of it was bound to a node", field="JOB_OR_POD"
-            )
-        gang = tenures[tenures["gang"].isin(set(mine["gang"]))]
-        g_lo, g_hi = int(gang["start_ms"].min()), int(gang["end_ms"].max())
-        cards = set(gang["gpu"])
-        ids = [int(i) for i, u in zip(gpus["id"], gpus["uuid"], strict=True) if u in cards]
-        samples = read_audit_samples(conn, start_ms=g_lo, end_ms=g_hi, gpu_ids=ids)
-    mine = clip_to_observed(mine, samples, thresholds=thresholds)
+    label, uids = resolve_target(held.pods, target)
+    tenures = held.tenures
+    mine = tenures[tenures["pod_uid"].isin(uids)]
     if mine.empty:
+        raise InputError(
+            f"{label} held no GPU: no pod of it was bound to a node", field="JOB_OR_POD"
+        )
+    gang = tenures[tenures["gang"].isin(set(mine["gang"]))]
+    g_lo, g_hi = int(gang["start_ms"].min()), int(gang["end_ms"].max())
+    cards = set(gang["gpu"])
+    ids = [int(i) for i, u in zip(held.gpus["id"], held.gpus["uuid"], strict=True) if u in cards]
+    samples = read_audit_samples(conn, start_ms=g_lo, end_ms=g_hi, gpu_ids=ids)
+    # The target's tenures hold every piece of its cards: their results for this window are
+    # their results for the explained span [lo, hi) below, and the gang's findings are clipped
+    # to when the target held cards.
+    held_span = Window(int(mine["start_ms"].min()), int(mine["end_ms"].max()))
+    found = classify(samples, gang, window=held_span, thresholds=thresholds, keep_pieces=True)
+    assert found.pieces is not None
+    pieces = found.pieces[found.pieces["pod_uid"].isin(uids)]
+    if pieces.empty:
         raise InputError(f"no GPU samples of {label}'s cards", field="JOB_OR_POD")
-    lo, hi = int(mine["start_ms"].min()), int(mine["end_ms"].max())
-    found = classify(samples, gang, window=Window(lo, hi), thresholds=thresholds)
-    segments = sample_segments(samples, gang, found.findings, thresholds=thresholds)
-    timelines = bucketise(
-        segments[segments["pod_uid"].isin(uids)], mine, span=(lo, hi), buckets=buckets
-    )
+    lo, hi = int(pieces["start_ms"].min()), int(pieces["end_ms"].max())
     return build_explanation(
         target=label,
         window=(lo, hi),
-        timelines=timelines,
+        timelines=bucketise(pieces, span=(lo, hi), buckets=buckets),
         results=found.results,
         findings=found.findings,
-        pods=pods,
-        gpus=gpus,
+        pods=held.pods,
+        gpus=held.gpus,
     )
 
 
@@ -160,36 +222,35 @@ def build_report_html(
     timelines: int = 8,
 ) -> str:
     """The report as one HTML page, with the per-card utilisation and the timelines of the
-    `timelines` jobs that lead the offenders table."""
+    `timelines` jobs that lead the offenders table. One connection reads everything: the
+    report, and who held which card once for all the timelines."""
     from auditor.report.html import render_report_html
     from auditor.report.summary import card_utilisation
-    from auditor.store import reads
 
-    report = build_report(url, start_ms=start_ms, end_ms=end_ms, by=by, team=team)
     engine = open_store(url)
-    with engine.connect() as conn:
-        runs = reads.runs_in_window(conn, start_ms=report.window[0], end_ms=report.window[1])
-        ids = covering_runs(
-            runs, start_ms=report.window[0], end_ms=report.window[1], what="the window"
-        )
-        results = reads.read_results(conn, ids)
-    if team is not None:
-        results = results[results["team"] == team]
+    try:
+        with engine.connect() as conn:
+            report, results = _read_report(
+                conn, start_ms=start_ms, end_ms=end_ms, by=by, team=team, top=3
+            )
+            off = report.offenders.sort_values("gpu_hours", ascending=False, kind="stable")
+            offenders = [
+                str(o)
+                for o, t in zip(off["offender"], off["team"], strict=True)
+                if isinstance(t, str) and str(o).count("/") == 2
+            ]
+            shown: list[Explanation] = []
+            held = _read_holdings(conn) if offenders else None
+            for target in dict.fromkeys(offenders):
+                if held is None or len(shown) >= timelines:
+                    break
+                try:
+                    shown.append(_explain(conn, held, target, thresholds=thresholds, buckets=200))
+                except InputError:
+                    continue  # a job whose pods are gone from the store: no timeline to draw
+    finally:
+        engine.dispose()
     util = card_utilisation(results)["util_pct"].tolist()
-    off = report.offenders.sort_values("gpu_hours", ascending=False, kind="stable")
-    offenders = [
-        str(o)
-        for o, t in zip(off["offender"], off["team"], strict=True)
-        if isinstance(t, str) and str(o).count("/") == 2
-    ]
-    shown: list[Explanation] = []
-    for target in dict.fromkeys(offenders):
-        if len(shown) >= timelines:
-            break
-        try:
-            shown.append(explain(url, target, thresholds=thresholds, buckets=200))
-        except InputError:
-            continue  # a job whose pods are gone from the store: no timeline to draw
     return render_report_html(report, card_util=util, timelines=shown)
 
 

@@ -6,14 +6,23 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from auditor.errors import AuditorError, InputError
 from auditor.jobs.common import open_store
-from auditor.settings import Config
-
-if TYPE_CHECKING:
-    pass
+from auditor.settings import (
+    BUFFER_MAX_MIB,
+    CONNECT_TIMEOUT_S,
+    METRICS_HOST,
+    READ_TIMEOUT_S,
+    SAMPLE_FLUSH_EVERY_S,
+    SAMPLE_METRICS_PORT,
+    SAMPLE_PERIOD_S,
+    WATCH_HEALTH_MAX_AGE_S,
+    WATCH_METRICS_PORT,
+    WATCH_TIMEOUT_S,
+    Config,
+)
 
 
 @dataclass(frozen=True)
@@ -22,21 +31,23 @@ class SampleOptions:
 
     node: str
     buffer_dir: Path
-    period_s: float = 5.0
-    flush_every_s: float = 30.0
-    buffer_max_mib: float = 200.0
+    period_s: float = SAMPLE_PERIOD_S
+    flush_every_s: float = SAMPLE_FLUSH_EVERY_S
+    buffer_max_mib: float = BUFFER_MAX_MIB
     """MiB of passes kept while the store is down (about 4 days of 8 GPUs at 5 s); beyond
     it, or on a full disk, the oldest are dropped and counted. The file takes up to 1.2
     times this on disk."""
     pod_resources_socket: Path | None = None
     """The kubelet's pod-resources socket; None: record no GPU -> pod mapping."""
-    metrics_host: str = "0.0.0.0"
-    metrics_port: int | None = 9402
+    metrics_host: str = METRICS_HOST
+    metrics_port: int | None = SAMPLE_METRICS_PORT
     max_passes: int | None = None
     """Stop after this many passes (tests, benchmarks); None: run until stopped."""
     proc_root: Path | None = None
     """The host's `/proc`, to read per-process GPU utilisation and put it in pods (SPEC §7;
     needs `hostPID: true`); None: off."""
+    json_logs: bool = False
+    """Log one JSON object a line, as the watcher does with the same flag."""
 
 
 def sample(url: str, options: SampleOptions, *, log: Callable[[str], None]) -> None:
@@ -49,15 +60,15 @@ def sample(url: str, options: SampleOptions, *, log: Callable[[str], None]) -> N
 
     from prometheus_client import CollectorRegistry
 
-    from auditor.collect.buffer import DiskBuffer
-    from auditor.collect.nvml import NvmlReader
-    from auditor.collect.observe import setup_logging
-    from auditor.collect.podresources import PodResourcesClient
-    from auditor.collect.sampler import Sampler, SamplerSettings
-    from auditor.collect.sampler_metrics import SamplerMetrics, serve
-    from auditor.collect.sink import StoreSink
+    from auditor.agents.sample.buffer import DiskBuffer
+    from auditor.agents.sample.metrics import SamplerMetrics, serve
+    from auditor.agents.sample.nvml import NvmlReader
+    from auditor.agents.sample.podresources import PodResourcesClient
+    from auditor.agents.sample.sampler import Sampler, SamplerSettings
+    from auditor.agents.serve import setup_logging
+    from auditor.store.sample_sink import StoreSink
 
-    setup_logging(json_format=False)  # a store error names the URL: redacted, every flush
+    setup_logging(json_format=options.json_logs)  # a store error names the URL: redacted
     reader = NvmlReader(node=options.node, period_s=options.period_s, proc_root=options.proc_root)
     reader.open()
     holders = (
@@ -115,15 +126,15 @@ class WatchOptions:
     """Label selector of the pods to watch."""
     nodes: bool = True
     """Watch nodes too (GPU model, capacity, cordoned)."""
-    metrics_host: str = "0.0.0.0"
-    metrics_port: int | None = 9403
+    metrics_host: str = METRICS_HOST
+    metrics_port: int | None = WATCH_METRICS_PORT
     """Port of /metrics and /healthz; 0: any free port; None: no server."""
-    health_max_age_s: float = 600.0
+    health_max_age_s: float = WATCH_HEALTH_MAX_AGE_S
     """/healthz fails when a watched kind has not synced for this long."""
-    watch_timeout_s: int = 300
+    watch_timeout_s: int = WATCH_TIMEOUT_S
     """The server ends each watch after this long (it is then resumed)."""
-    connect_timeout_s: float = 10.0
-    read_timeout_s: float = 90.0
+    connect_timeout_s: float = CONNECT_TIMEOUT_S
+    read_timeout_s: float = READ_TIMEOUT_S
     """A stream silent this long counts as dead (servers bookmark about every minute)."""
     json_logs: bool = False
 
@@ -142,10 +153,11 @@ def watch(
     the watcher with an error, so that Kubernetes restarts it (it resumes from the store)."""
     import signal
 
-    from auditor.collect import kube
-    from auditor.collect.observe import WatchMetrics, serve, setup_logging
-    from auditor.collect.sinks import NodeSink, PodSink, requests_gpus, scope_filter
-    from auditor.collect.watcher import LoopOptions, Reflector
+    from auditor.agents.serve import setup_logging
+    from auditor.agents.watch import kube
+    from auditor.agents.watch.metrics import WatchMetrics, serve
+    from auditor.agents.watch.watcher import LoopOptions, Reflector
+    from auditor.jobs.watch_sinks import NodeSink, PodSink, requests_gpus, scope_filter
 
     setup_logging(json_format=options.json_logs)
     in_scope = scope_filter(options.namespace, options.selector)  # a bad selector fails here

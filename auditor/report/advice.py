@@ -18,6 +18,13 @@ THROTTLE_BITS: tuple[tuple[int, str], ...] = (
 )
 
 
+STALLED_BUSY_STEP = (
+    "a kernel spins without work (busy, SM idle): look for a hung rank or a collective"
+    " waiting on one; dump its stacks (py-spy dump) and set NCCL/collective timeouts"
+)
+"""The next step of a `stalled_busy` finding (SPEC §8)."""
+
+
 def throttle_names(mask: str | None) -> list[str]:
     """Names of the reasons set in a hex mask like `0x0000000000000024`; [] when unreadable."""
     if not mask:

@@ -1,11 +1,12 @@
 """`auditor explain`: what happened on each card of a job or pod, as text.
 
 `build_explanation` joins the classifier's output for the target's gang(s) with names,
-ranks and nodes into an `Explanation`; `render_explain_text` draws each
-card as a strip of categories over time (one character per time slot, legend below), the
-findings with times and durations, what the gang waited on, and the next steps. The HTML
-chart of the same `Explanation` is in `auditor.report.html`. Every line is made
-`terminal_safe`, so a name with control or bidi characters shows them as escapes.
+ranks and nodes into an `Explanation`; `render_explain_text` draws each card as a strip of
+the classifier's own categories over time (`auditor.report.timeline`: one character per
+time slot, legend below), the findings with times and durations, what the gang waited on,
+and the next steps. The HTML chart of the same `Explanation` is in `auditor.report.html`.
+Every line is made `terminal_safe`, so a name with control or bidi characters shows them as
+escapes.
 """
 
 from __future__ import annotations
@@ -180,23 +181,25 @@ def duration(seconds: float) -> str:
     return f"{s // 3600}h{(s % 3600) // 60:02d}m"
 
 
-def _strip(t: CardTimeline, width: int) -> str:
-    """The card's dominant category per slot of `width` slots, one character each."""
-    dom = t.dominant()
+def text_strip(t: CardTimeline, width: int) -> str:
+    """The card over `width` slots, one character each: busy where at least half the held
+    time of the slot was busy, else the category with the most seconds in the slot."""
     busy = t.seconds["busy"]
-    held = sum(t.seconds.values(), np.zeros(busy.size))
-    idx = np.linspace(0, len(dom), width + 1).astype(int)
+    others = [c for c in t.seconds if c != "busy"]
+    stack = np.vstack([t.seconds[c] for c in others])
+    idx = np.linspace(0, busy.size, width + 1).astype(int)
     chars = []
     for a, end in itertools.pairwise(idx):
         b = max(end, a + 1)
-        h = held[a:b].sum()
-        if h <= 0:
+        rest = stack[:, a:b].sum(axis=1)
+        on = float(busy[a:b].sum())
+        held = on + float(rest.sum())
+        if held <= 0:
             chars.append(" ")
-        elif busy[a:b].sum() >= 0.5 * h:
+        elif on >= 0.5 * held:
             chars.append(SYMBOLS["busy"])
         else:
-            part = [d for d in dom[a:b] if d]
-            chars.append(SYMBOLS[max(set(part), key=part.count)] if part else " ")
+            chars.append(SYMBOLS[others[int(np.argmax(rest))]])
     return "".join(chars)
 
 
@@ -218,7 +221,7 @@ def render_explain_text(ex: Explanation, *, width: int = 72) -> str:
             if held
             else f"{c.pod}{rank}: -"
         )
-        lines.append(f"  |{_strip(c.timeline, width)}|")
+        lines.append(f"  |{text_strip(c.timeline, width)}|")
     legend = "  ".join(f"{s} {k}" for k, s in SYMBOLS.items() if k and k != "unallocated")
     lines += [f"  legend: {legend}", ""]
     lines.append("Findings (per card, or for the whole gang):")

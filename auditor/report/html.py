@@ -18,7 +18,13 @@ import pandas as pd
 
 from auditor.model import CATEGORIES
 from auditor.report.explain import Explanation, duration, grouped_findings, when
-from auditor.report.render import Report, group_keys, rolled_up_note, util_source_note
+from auditor.report.render import (
+    Report,
+    estimated_note,
+    group_keys,
+    rolled_up_note,
+    util_source_note,
+)
 from auditor.report.svg import (
     COLOURS,
     LABELS,
@@ -90,7 +96,7 @@ def _summary(report: Report) -> str:
         _tile("GPU-hours unallocated", f"{t['unallocated_gpu_hours']:,.0f}"),
         _tile("held time on inferred GPU→pod mapping", f"{t['inferred_share']:.0%}"),
     ]
-    notes = (rolled_up_note(report), util_source_note(report))
+    notes = (rolled_up_note(report), util_source_note(report), estimated_note(report))
     flag = "".join(f"<p class='muted'>{html_text(n)}</p>" for n in notes if n is not None)
     return f'<div class="tiles">{"".join(tiles)}</div>{flag}'
 
@@ -113,6 +119,13 @@ def _groups(report: Report) -> str:
     head = "".join(f"<th>{html_text(k)}</th>" for k in keys)
     head += '<th class="n">held GPU-h</th><th class="n">busy</th><th class="n">sched. waste</th>'
     head += '<th class="n">compute idle</th><th class="n">util p10/p50/p90</th>'
+    has_sm = "sm_active_gpu_hours" in report.rows.columns
+    has_out = "outputs" in report.rows.columns
+    if has_sm:
+        head += '<th class="n">SM active GPU-h</th><th class="n">busy with SM data</th>'
+    if has_out:
+        head += '<th class="n">outputs</th><th class="n">GPU-h per 1k outputs</th>'
+        head += '<th class="n">busy GPU-h per 1k outputs</th>'
     body = []
     for r in recs:
         util = "/".join(
@@ -122,7 +135,18 @@ def _groups(report: Report) -> str:
         cells += f'<td class="n">{r["allocated_gpu_hours"]:,.1f}</td>'
         for share in ("busy_share", "scheduling_waste_share", "compute_idle_share"):
             cells += f'<td class="n">{"-" if pd.isna(r[share]) else f"{r[share]:.0%}"}</td>'
-        body.append(f"<tr>{cells}<td class='n'>{util}</td></tr>")
+        cells += f"<td class='n'>{util}</td>"
+        if has_sm:
+            share = r["sm_data_share"]
+            cells += f'<td class="n">{r["sm_active_gpu_hours"]:,.1f}</td>'
+            cells += f'<td class="n">{"-" if pd.isna(share) else f"{share:.0%}"}</td>'
+        if has_out:
+            out = r["outputs"]
+            unit = html_text(str(r["output_unit"])) if not pd.isna(out) else ""
+            cells += f'<td class="n">{"-" if pd.isna(out) else f"{out:,.0f}"} {unit}</td>'
+            for c in ("gpu_hours_per_1k_outputs", "busy_gpu_hours_per_1k_outputs"):
+                cells += f'<td class="n">{"-" if pd.isna(r[c]) else f"{r[c]:,.3f}"}</td>'
+        body.append(f"<tr>{cells}</tr>")
     return (
         f"<h2>GPU-hours by {html_text(report.by)}</h2>{legend()}{stacked_bars(bars)}"
         f"<table><tr>{head}</tr>{''.join(body)}</table>"

@@ -8,7 +8,7 @@ from typing import Any
 import pandas as pd
 
 from auditor.model import WasteCategory
-from auditor.report.advice import next_step, throttle_names
+from auditor.report.advice import STALLED_BUSY_STEP, next_step, throttle_names
 from auditor.report.summary import with_platform
 
 OFFENDER_CATEGORIES = (
@@ -97,7 +97,34 @@ def top_offenders(results: pd.DataFrame, findings: pd.DataFrame, *, top: int = 3
                     ),
                 }
             )
+    rows += _stalled(findings, top=top)
     return pd.DataFrame(
         rows,
         columns=["category", "team", "offender", "gpu_hours", "share_of_category", "next_step"],
     )
+
+
+def _stalled(findings: pd.DataFrame, *, top: int) -> list[dict[str, object]]:
+    """The `top` jobs by `stalled_busy` GPU-hours (busy cards whose SMs sat idle)."""
+    part = findings[findings["kind"] == "stalled_busy"] if len(findings) else findings
+    if part.empty:
+        return []
+    total = float(part["seconds"].sum())
+    agg = (
+        part.groupby(["team", "namespace", "job"], dropna=False)["seconds"]
+        .sum()
+        .sort_values(ascending=False, kind="stable")
+        .head(top)
+        .reset_index()
+    )
+    return [
+        {
+            "category": "stalled_busy",
+            "team": row["team"],
+            "offender": f"{row['namespace']}/{row['job']}",
+            "gpu_hours": float(row["seconds"]) / 3600.0,
+            "share_of_category": float(row["seconds"]) / total if total else 0.0,
+            "next_step": STALLED_BUSY_STEP,
+        }
+        for row in agg.to_dict("records")
+    ]

@@ -67,6 +67,17 @@ def util_source_note(report: Report) -> str | None:
     return f"Utilisation of {', '.join(parts)}." if parts else None
 
 
+def estimated_note(report: Report) -> str | None:
+    """The sentence stating how much held time on shared cards was attributed by share."""
+    share = report.totals.get("estimated_share", 0.0)
+    if not share:
+        return None
+    return (
+        f"{share:.0%} of held GPU-hours are on shared cards without per-pod utilisation: "
+        "the card's activity was split among its tenants by share (estimated attribution)."
+    )
+
+
 def _clean(value: Any) -> Any:
     if value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA:
         return None
@@ -81,12 +92,23 @@ def _records(rows: pd.DataFrame) -> list[dict[str, Any]]:
     return [{str(k): _clean(v) for k, v in rec.items()} for rec in rows.to_dict("records")]
 
 
+PER_OUTPUT_COLUMNS = (
+    "outputs",
+    "output_unit",
+    "gpu_hours_per_1k_outputs",
+    "busy_gpu_hours_per_1k_outputs",
+)
+"""What `report --by job|team` adds per group (SPEC §8); null where a group had no outputs."""
+
+
 def group_keys(rows: pd.DataFrame) -> list[str]:
     """The grouping columns of report rows (team, namespace, job, pod, node, gpu)."""
     return [
         c
         for c in rows.columns
-        if not c.endswith(("_gpu_hours", "_share")) and not c.startswith(("util_", "straggler_"))
+        if not c.endswith(("_gpu_hours", "_share"))
+        and not c.startswith(("util_", "straggler_"))
+        and c not in PER_OUTPUT_COLUMNS
     ]
 
 
@@ -145,6 +167,12 @@ def _short_source(value: Any) -> Any:
     return value
 
 
+def _output_cells(rec: Mapping[Any, Any], *, scale: float, cell: Any) -> list[Any]:
+    produced = _clean(rec["outputs"])
+    text = "-" if produced is None else f"{_num(produced, 0)} {rec['output_unit']}"
+    return [cell(text), _num(rec["gpu_hours_per_1k_outputs"] * scale, 3)]
+
+
 def render_table(report: Report, *, width: int = 150) -> str:
     """A readable terminal report: totals, the grouped table, and the top offenders."""
     from rich.console import Console
@@ -175,14 +203,10 @@ def render_table(report: Report, *, width: int = 150) -> str:
             f"Unallocated: {_num(t['unallocated_gpu_hours'] * scale)} {unit}. "
             f"{t['inferred_share']:.0%} of held GPU-hours rest on inferred GPU→pod mapping."
         )
-    for note in (rolled_up_note(report), util_source_note(report)):
+    for note in (rolled_up_note(report), util_source_note(report), estimated_note(report)):
         if note is not None:
             console.print(note)
-    keys = [
-        c
-        for c in report.rows.columns
-        if not c.endswith(("_gpu_hours", "_share")) and not c.startswith(("util_", "straggler_"))
-    ]
+    keys = group_keys(report.rows)
     if "util_source" in report.rows.columns:
         keys.append("util_source")  # the metric, shown short: GPU_UTIL, GR_ENGINE_ACTIVE
     table = Table(title=f"{unit} by {report.by}", title_justify="left")
@@ -200,6 +224,15 @@ def render_table(report: Report, *, width: int = 150) -> str:
         table.add_column(short.get(cat.value, cat.value), justify="right")
     table.add_column("sched waste", justify="right")
     table.add_column("util p10/50/90", justify="right")
+    has_sm = "sm_active_gpu_hours" in report.rows.columns and bool(
+        (report.rows["sm_active_gpu_hours"] > 0).any()
+    )
+    has_out = "outputs" in report.rows.columns and bool(report.rows["outputs"].notna().any())
+    if has_sm:
+        table.add_column("SM active (data)", justify="right")
+    if has_out:
+        table.add_column("outputs", justify="right")
+        table.add_column(f"{'GPU-h' if scale == 1 else 'GPU-min'}/1k out", justify="right")
     for rec in report.rows.to_dict("records"):
         util = "/".join(
             "-" if _clean(rec[q]) is None else f"{rec[q]:.0f}"
@@ -212,6 +245,12 @@ def render_table(report: Report, *, width: int = 150) -> str:
             f"{_num(rec['scheduling_waste_gpu_hours'] * scale)} "
             f"({_pct(rec['scheduling_waste_share'])})",
             util,
+            *(
+                [f"{_num(rec['sm_active_gpu_hours'] * scale)} ({_pct(rec['sm_data_share'])})"]
+                if has_sm
+                else []
+            ),
+            *(_output_cells(rec, scale=scale, cell=cell) if has_out else []),
         )
     console.print(table)
     if not report.offenders.empty:

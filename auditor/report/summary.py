@@ -37,8 +37,18 @@ HOURS_COLUMNS = [f"{c}_gpu_hours" for c in CATEGORIES]
 
 
 def with_platform(results: pd.DataFrame) -> pd.DataFrame:
-    """Rows of no pod belong to the platform: team/namespace/job/pod `(platform)`."""
+    """Rows of no pod belong to the platform: team/namespace/job/pod `(platform)`.
+
+    Also fills what older stores lack: `estimated` (no estimated attribution), `card` (the
+    physical card: the GPU itself), `share` (unknown)."""
     out = results.copy()
+    if "estimated" not in out.columns:
+        out["estimated"] = False
+    out["estimated"] = out["estimated"].fillna(False).astype(bool)
+    if "card" not in out.columns:
+        out["card"] = out["gpu"]
+    if "share" not in out.columns:
+        out["share"] = np.nan
     unheld = out["pod_uid"].isna()
     for col in ("team", "namespace", "job", "pod"):
         out[col] = out[col].astype("object")
@@ -79,6 +89,8 @@ def summarise(results: pd.DataFrame, *, by: GroupBy, team: str | None = None) ->
     frame = with_platform(results)
     if team is not None:
         frame = frame[frame["team"] == team]
+    if by is GroupBy.GPU:  # a MIG instance is a part of its physical card
+        frame = frame.assign(gpu=frame["card"])
     keys = GROUP_COLUMNS[by]
     hours = frame.assign(hours=frame["seconds"] / 3600.0).pivot_table(
         index=keys, columns="category", values="hours", aggfunc="sum", fill_value=0.0
@@ -106,6 +118,17 @@ def summarise(results: pd.DataFrame, *, by: GroupBy, team: str | None = None) ->
         .sum()
     )
     out["inferred_share"] = inferred_hours.reindex(out.index).fillna(0.0) / allocated
+    estimated_hours = (
+        frame[frame["estimated"] & frame["held"]]
+        .assign(h=frame["seconds"] / 3600.0)
+        .groupby(keys)["h"]
+        .sum()
+    )
+    out["estimated_share"] = estimated_hours.reindex(out.index).fillna(0.0) / allocated
+    if by is GroupBy.GPU:
+        out["tenants"] = _tenants(frame, keys).reindex(out.index)
+    if by is GroupBy.POD:
+        out["share"] = frame[frame["held"]].groupby(keys)["share"].max().reindex(out.index)
     card_keys = list(dict.fromkeys([*keys, "gpu", "pod_uid"]))
     util = card_utilisation(frame).merge(frame[card_keys].drop_duplicates(), on=["gpu", "pod_uid"])
     quantiles = util.groupby(keys)["util_pct"].quantile(np.array([0.1, 0.5, 0.9])).unstack()
@@ -123,6 +146,36 @@ def summarise(results: pd.DataFrame, *, by: GroupBy, team: str | None = None) ->
     )
 
 
+TENANTS_SHOWN = 5
+"""Tenants named per card in `--by gpu` rows; the rest are counted."""
+
+
+def _tenants(frame: pd.DataFrame, keys: list[str]) -> pd.Series:
+    """Per card: its tenants in the window as `namespace/pod (share)`, most held first."""
+    held = frame[frame["held"]]
+    if held.empty:
+        return pd.Series(dtype=object)
+    per = (
+        held.groupby([*keys, "namespace", "pod"], dropna=False)
+        .agg(seconds=("seconds", "sum"), share=("share", "max"))
+        .reset_index()
+        .sort_values(
+            [*keys, "seconds", "namespace", "pod"],
+            ascending=[*[True] * len(keys), False, True, True],
+        )
+    )
+
+    def names(group: pd.DataFrame) -> str:
+        parts = [
+            f"{ns}/{pod}" + ("" if pd.isna(share) else f" ({share:.2g})")
+            for ns, pod, share in group[["namespace", "pod", "share"]].itertuples(index=False)
+        ]
+        more = len(parts) - TENANTS_SHOWN
+        return "; ".join(parts[:TENANTS_SHOWN]) + (f"; +{more} more" if more > 0 else "")
+
+    return per.groupby(keys)[["namespace", "pod", "share"]].apply(names)
+
+
 def totals(results: pd.DataFrame) -> dict[str, float]:
     """Fleet totals in GPU-hours per category, plus allocated and scheduling waste."""
     frame = with_platform(results)
@@ -134,4 +187,6 @@ def totals(results: pd.DataFrame) -> dict[str, float]:
     inferred = frame.loc[frame["held"] & frame["inferred"], "seconds"].sum() / 3600.0
     alloc = out["allocated_gpu_hours"]
     out["inferred_share"] = float(inferred / alloc) if alloc > 0 else 0.0
+    estimated = frame.loc[frame["held"] & frame["estimated"], "seconds"].sum() / 3600.0
+    out["estimated_share"] = float(estimated / alloc) if alloc > 0 else 0.0
     return out

@@ -131,6 +131,9 @@ class PodPlan:
     ttl_s: int = 0
     """A finished pod is deleted this long after it finished (Job TTL); 0 for never."""
     annotations: dict[str, str] = field(default_factory=dict)
+    gpu_limits: dict[str, str] = field(default_factory=dict)
+    """The GPU resources the main container asks for, where not `nvidia.com/gpu: gpus`
+    (a MIG profile, HAMi's gpucores/gpumem, gpu-milli)."""
     uid: str = ""
     node: int = -1
     gpu_indices: tuple[int, ...] = ()

@@ -134,9 +134,19 @@ class PodContext:
     unschedulable: str = ""
 
 
-def _container(name: str, image: str, *, gpus: int, cpu: str, memory: str) -> dict[str, Any]:
+def _container(
+    name: str,
+    image: str,
+    *,
+    gpus: int,
+    cpu: str,
+    memory: str,
+    gpu_limits: dict[str, str] | None = None,
+) -> dict[str, Any]:
     limits = {"cpu": cpu, "memory": memory}
-    if gpus:
+    if gpu_limits:
+        limits.update(gpu_limits)
+    elif gpus:
         limits["nvidia.com/gpu"] = str(gpus)
     return {
         "image": image,
@@ -313,7 +323,16 @@ def pod_object(pod: PodPlan, ctx: PodContext, namer: Namer) -> dict[str, Any]:
     if pod.deleted_ms is not None and pod.deleted_ms <= ctx.now_ms:
         metadata["deletionGracePeriodSeconds"] = 30
         metadata["deletionTimestamp"] = rfc3339(pod.deleted_ms)
-    containers = [_container(pod.container, pod.image, gpus=pod.gpus, cpu="8", memory="64Gi")]
+    containers = [
+        _container(
+            pod.container,
+            pod.image,
+            gpus=pod.gpus,
+            cpu="8",
+            memory="64Gi",
+            gpu_limits=pod.gpu_limits,
+        )
+    ]
     if pod.sidecar:
         containers.append(
             _container(
@@ -365,3 +384,101 @@ def write_pod_list(path: Path, pods: list[dict[str, Any]]) -> None:
         "metadata": {"resourceVersion": ""},
     }
     path.write_text(json.dumps(doc, indent=4, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def node_object(
+    name: str,
+    *,
+    labels: dict[str, str],
+    resources: dict[str, str],
+    created_ms: int,
+    uid: str,
+    annotations: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """A Node as `kubectl get nodes -o json` shows it: labels (GPU feature discovery's,
+    the sharing labels of SPEC §7) and the GPU resources in capacity and allocatable."""
+    base = {"cpu": "96", "ephemeral-storage": "1843269236Ki", "memory": "1056462628Ki"}
+    base["pods"] = "110"
+    metadata: dict[str, Any] = {
+        "creationTimestamp": rfc3339(created_ms),
+        "labels": {
+            "beta.kubernetes.io/arch": "amd64",
+            "beta.kubernetes.io/os": "linux",
+            "kubernetes.io/arch": "amd64",
+            "kubernetes.io/hostname": name,
+            "kubernetes.io/os": "linux",
+            **labels,
+        },
+        "name": name,
+        "resourceVersion": "4099000",
+        "uid": uid,
+    }
+    if annotations:
+        metadata["annotations"] = dict(annotations)
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": metadata,
+        "spec": {},
+        "status": {
+            "allocatable": {**base, **resources},
+            "capacity": {**base, **resources},
+            "conditions": [
+                {
+                    "lastHeartbeatTime": rfc3339(created_ms),
+                    "lastTransitionTime": rfc3339(created_ms),
+                    "message": "kubelet is posting ready status",
+                    "reason": "KubeletReady",
+                    "status": "True",
+                    "type": "Ready",
+                }
+            ],
+            "nodeInfo": {
+                "architecture": "amd64",
+                "containerRuntimeVersion": "containerd://1.7.22",
+                "kubeletVersion": "v1.30.5",
+                "operatingSystem": "linux",
+            },
+        },
+    }
+
+
+def write_node_list(path: Path, nodes: list[dict[str, Any]]) -> None:
+    """`kubectl get nodes -o json`: a `v1 List` of Nodes, keys sorted."""
+    doc = {
+        "apiVersion": "v1",
+        "items": sorted(nodes, key=lambda n: n["metadata"]["name"]),
+        "kind": "List",
+        "metadata": {"resourceVersion": ""},
+    }
+    path.write_text(json.dumps(doc, indent=4, sort_keys=True) + "\n", encoding="utf-8")
+
+
+@dataclass(frozen=True, slots=True)
+class Series:
+    """One dcgm-exporter series: its labels and its samples (seconds, value)."""
+
+    labels: dict[str, str]
+    times_s: np.ndarray
+    values: np.ndarray
+
+
+def write_openmetrics(path: Path, families: dict[str, list[Series]]) -> int:
+    """Gauges as OpenMetrics text, the input of `promtool tsdb create-blocks-from
+    openmetrics`: each family's series together, samples in time order, `# EOF` last.
+    Returns the sample lines written."""
+    lines = 0
+    with path.open("w", encoding="utf-8") as out:
+        for name, series in families.items():
+            out.write(f"# TYPE {name} gauge\n")
+            for one in series:
+                labels = ",".join(f'{k}="{v}"' for k, v in one.labels.items())
+                head = f"{name}{{{labels}}} "
+                body = [
+                    f"{head}{v:.6g} {t}\n"
+                    for t, v in zip(one.times_s.tolist(), one.values.tolist(), strict=True)
+                ]
+                out.writelines(body)
+                lines += len(body)
+        out.write("# EOF\n")
+    return lines

@@ -5,13 +5,15 @@ any later driver message that quotes it is masked too) and every error text is r
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import ArgumentError
+from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
-from auditor.errors import StoreError
+from auditor.errors import InputError, StoreError, shown
 from auditor.redact import redact, remember
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
@@ -75,3 +77,22 @@ def _engine(parsed: URL) -> Engine:
 
         return engine
     return create_engine(parsed, pool_pre_ping=True)
+
+
+@contextmanager
+def transaction(engine: Engine) -> Iterator[Connection]:
+    """One transaction on `engine`; any failure to write leaves as a one-line `StoreError`
+    (redacted, its cause kept), which a long-running service backs off from."""
+    try:
+        with engine.begin() as conn:
+            yield conn
+    except SQLAlchemyError as e:
+        cause = getattr(e, "orig", None) or e
+        raise StoreError(f"cannot write to the database: {_first_line(cause)}") from e
+    except (InputError, OverflowError, UnicodeError, ValueError) as e:
+        raise StoreError(f"cannot write to the database: {_first_line(e)}") from e
+
+
+def _first_line(error: object) -> str:
+    text = redact(str(error)).strip()
+    return shown(text.splitlines()[0], 200) if text else type(error).__name__

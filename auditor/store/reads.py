@@ -152,7 +152,7 @@ def read_card_samples(
     """
     mark = "%s" if conn.dialect.name == "postgresql" else "?"
     query = (
-        "SELECT ts_ms, util, throttle_reasons FROM gpu_samples"
+        "SELECT ts_ms, util, throttle_reasons, sm_active FROM gpu_samples"
         f" WHERE gpu_id = {mark} AND ts_ms >= {mark} AND ts_ms < {mark}"
     )
     parts: list[np.ndarray] = []
@@ -180,11 +180,19 @@ def read_card_samples(
             "ts_ms": rows["ts_ms"],
             "util": rows["util"],
             "throttle_reasons": rows["throttle_reasons"],
+            "sm_active": rows["sm_active"],
         }
     )
 
 
-_CARD_ROW = np.dtype([("ts_ms", np.int64), ("util", np.float64), ("throttle_reasons", object)])
+_CARD_ROW = np.dtype(
+    [
+        ("ts_ms", np.int64),
+        ("util", np.float64),
+        ("throttle_reasons", object),
+        ("sm_active", np.float64),
+    ]
+)
 
 
 def read_tenant_util(

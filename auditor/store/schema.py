@@ -228,3 +228,48 @@ audit_findings = Table(
     Index("ix_audit_findings_run", "run_id"),
 )
 """What a report names: startup/teardown/checkpoint episodes, and each gang's straggler."""
+
+audit_sm = Table(
+    "audit_sm",
+    metadata,
+    Column("run_id", Integer, ForeignKey("audit_runs.id", ondelete="CASCADE"), nullable=False),
+    Column("gpu_id", Integer, ForeignKey("gpus.id", ondelete="CASCADE"), nullable=False),
+    Column("pod_uid", String(limits.UID_MAX), nullable=True),
+    Column("sm_active_seconds", Float, nullable=False),
+    Column("sm_busy_seconds", Float, nullable=False),
+    Index("ix_audit_sm_run", "run_id"),
+)
+"""SM activity per (run, card, pod) held in the window (SPEC §8): `sm_active_seconds` is the
+sum of `sm_active · dt`, `sm_busy_seconds` the busy seconds whose sample had SM data (so a
+report can say what share of busy time SM activity covers)."""
+
+outputs = Table(
+    "outputs",
+    metadata,
+    Column("pod_uid", String(limits.UID_MAX), primary_key=True),
+    Column("metric", String(limits.METRIC_MAX), primary_key=True),
+    Column("start_ms", BigInteger, primary_key=True),
+    Column("end_ms", BigInteger, nullable=False),
+    Column("outputs", Float, nullable=False),
+    Column("unit", String(limits.UNIT_MAX), nullable=False),
+    Column("source", String(32), nullable=False),
+    Column("quality", Float, nullable=True),
+    Column("quality_better", String(8), nullable=True),
+    Index("ix_outputs_start", "start_ms"),
+)
+"""Useful output per pod and interval `[start_ms, end_ms)` (SPEC §8): counter increases
+from Prometheus (resets handled) or rows of an outputs CSV, with an optional quality figure
+(`quality_better`: `lower` or `higher`). Re-importing an interval replaces it."""
+
+latency_buckets = Table(
+    "latency_buckets",
+    metadata,
+    Column("pod_uid", String(limits.UID_MAX), primary_key=True),
+    Column("metric", String(limits.METRIC_MAX), primary_key=True),
+    Column("start_ms", BigInteger, primary_key=True),
+    Column("le", Float, primary_key=True),
+    Column("end_ms", BigInteger, nullable=False),
+    Column("count", Float, nullable=False),
+)
+"""Latency histogram increases per pod, interval and cumulative bucket bound `le` (seconds;
++inf for the last): summed over pods and intervals they give any window's quantiles."""

@@ -8,14 +8,21 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from sqlalchemy import Connection, Table, delete, func, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
-from auditor.errors import GpuConflictError, shown
-from auditor.model import ExactAssignment, GpuRecord, GpuSample, PodRecord, TenantSample
+from auditor.errors import shown
+from auditor.model import (
+    ExactAssignment,
+    GpuConflict,
+    GpuRecord,
+    GpuSample,
+    PodRecord,
+    TenantSample,
+)
 from auditor.store.bounds import RowError, check_row
 from auditor.store.bulk import SAMPLE_COLUMNS, object_spans, write_rows
 from auditor.store.ranks import PYTORCH_JOB, settle_pytorch_ranks
@@ -41,23 +48,6 @@ def _upsert(conn: Connection, table: Table) -> Any:
     if conn.dialect.name == "postgresql":
         return postgresql.insert(table)
     return sqlite.insert(table)
-
-
-@dataclass(frozen=True, slots=True)
-class GpuConflict:
-    """A GPU record that contradicts the stored card (or an earlier record of the same
-    write): another node, or another known model, for the same UUID."""
-
-    uuid: str
-    field: str
-    """Which differs: "node" or "model"."""
-    stored: str
-    new: str
-
-    def error(self, *, file: str | None = None, line: int | None = None) -> GpuConflictError:
-        return GpuConflictError(
-            uuid=self.uuid, field=self.field, stored=self.stored, new=self.new, file=file, line=line
-        )
 
 
 def gpu_conflicts(conn: Connection, records: Iterable[GpuRecord]) -> list[GpuConflict]:
@@ -525,6 +515,18 @@ def close_missing_pods(
             .values(deleted_ms=at_ms, deleted_estimated=True)
         )
     return gone
+
+
+def known_deletions(conn: Connection, uids: Collection[str]) -> dict[str, int]:
+    """The deletion times stored for those of `uids` that have one."""
+    if not uids:
+        return {}
+    rows = conn.execute(
+        select(pods.c.uid, pods.c.deleted_ms).where(
+            pods.c.uid.in_(uids), pods.c.deleted_ms.is_not(None)
+        )
+    )
+    return {uid: int(ms) for uid, ms in rows}
 
 
 def upsert_nodes(conn: Connection, records: Iterable[NodeRow]) -> int:

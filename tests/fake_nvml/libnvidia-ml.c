@@ -10,6 +10,8 @@
  *   device uuid=GPU-a name=NVIDIA+H100 mem_total=81559 mem_used=1024 util=40 power_mw=300000
  *          sm_clock=1980 throttle=4 temp=55 samples=scripted|synthetic|none sample_us=166667
  *          lost=1 mig_max=7               (one line in the file)
+ *          sm_util=12                    (GPM SM utilisation, percent: Hopper and later; absent:
+ *                                         the device does not support GPM)
  *   sample ts_us=1700000000000000 value=35      a buffered utilisation sample of the last device
  *   mig uuid=MIG-a name=... mem_total=... mem_used=...      a MIG instance of the last device
  *                                        (its name ends with its profile: NVIDIA+A100+MIG+1g.5gb)
@@ -52,7 +54,7 @@ typedef struct dev {
     int lost;
     int is_mig;
     struct dev *parent;
-    field_t mem_total, mem_used, util, power_mw, sm_clock, throttle, temp;
+    field_t mem_total, mem_used, util, power_mw, sm_clock, throttle, temp, sm_util;
     int samples_mode; /* 0 none, 1 scripted, 2 synthetic */
     long long sample_us;
     int n_samples;
@@ -101,6 +103,7 @@ static void set_key(dev_t_ *d, const char *key, const char *value) {
     else if (!strcmp(key, "sm_clock")) parse_field(&d->sm_clock, value);
     else if (!strcmp(key, "throttle")) parse_field(&d->throttle, value);
     else if (!strcmp(key, "temp")) parse_field(&d->temp, value);
+    else if (!strcmp(key, "sm_util")) parse_field(&d->sm_util, value);
     else if (!strcmp(key, "lost")) d->lost = atoi(value);
     else if (!strcmp(key, "mig_max")) d->mig_max = atoi(value);
     else if (!strcmp(key, "sample_us")) d->sample_us = atoll(value);
@@ -403,5 +406,53 @@ int nvmlDeviceGetProcessUtilization(void *handle, proc_sample_t *out, unsigned *
     if (!out || *count < n) { *count = n; return E_INSUFFICIENT; }
     memcpy(out, buf, n * sizeof *buf);
     *count = n;
+    return OK;
+}
+
+/* GPM (Hopper and later): a sample records its device; metrics between two samples answer
+ * the device's scripted sm_util as NVML_GPM_METRIC_SM_UTIL (id 2), nothing else. */
+typedef struct { dev_t_ *dev; } gpm_sample_t;
+typedef struct { const char *short_name, *long_name, *unit; } gpm_info_t;
+typedef struct { unsigned metric_id; int ret; double value; gpm_info_t info; } gpm_metric_t;
+typedef struct {
+    unsigned version;
+    unsigned num_metrics;
+    gpm_sample_t *sample1, *sample2;
+    gpm_metric_t metrics[477];
+} gpm_get_t;
+typedef struct { unsigned version; unsigned supported; } gpm_support_t;
+
+int nvmlGpmQueryDeviceSupport(void *handle, gpm_support_t *support) {
+    dev_t_ *d; int rc = check(handle, &d); if (rc) return rc;
+    support->supported = d->sm_util.present && !d->is_mig ? 1 : 0;
+    return OK;
+}
+
+int nvmlGpmSampleAlloc(gpm_sample_t **out) {
+    *out = calloc(1, sizeof **out);
+    return *out ? OK : E_INSUFFICIENT;
+}
+
+int nvmlGpmSampleFree(gpm_sample_t *sample) {
+    free(sample);
+    return OK;
+}
+
+int nvmlGpmSampleGet(void *handle, gpm_sample_t *sample) {
+    dev_t_ *d; int rc = check(handle, &d); if (rc) return rc;
+    if (!d->sm_util.present) return E_NOT_SUPPORTED;
+    sample->dev = d;
+    return OK;
+}
+
+int nvmlGpmMetricsGet(gpm_get_t *get) {
+    if (!get->sample1 || !get->sample2 || !get->sample2->dev) return E_INVALID;
+    dev_t_ *d = get->sample2->dev;
+    for (unsigned i = 0; i < get->num_metrics && i < 477; i++) {
+        gpm_metric_t *m = &get->metrics[i];
+        if (m->metric_id != 2) { m->ret = E_NOT_SUPPORTED; continue; }
+        m->ret = d->sm_util.err ? d->sm_util.err : OK;
+        m->value = (double)d->sm_util.v;
+    }
     return OK;
 }

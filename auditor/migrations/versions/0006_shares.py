@@ -1,7 +1,7 @@
 """Shared and partitioned GPUs (SPEC §7): shares per pod, MIG profiles, per-tenant activity.
 
 Revision ID: 0006
-Revises: 0005
+Revises: 0007_outputs (it came after 0005 on a parallel branch: it goes last)
 Create Date: 2026-12-03
 
 Pods say how they ask for a share of a card (`share_kind`, `gpu_share`, `gpu_mem_mib`,
@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0006"
-down_revision: str | Sequence[str] | None = "0005"
+down_revision: str | Sequence[str] | None = "0007_outputs"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

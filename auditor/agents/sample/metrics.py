@@ -15,7 +15,7 @@ from http.server import ThreadingHTTPServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from auditor.collect.observe import serve_http
+from auditor.agents.serve import serve_http
 
 PREFIX = "auditor_sampler"
 

@@ -15,18 +15,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Protocol
 
 from sqlalchemy import Connection, Engine, select
 
-from auditor.collect.buffer import Batch, Holding, merge_holdings
 from auditor.errors import shown
-from auditor.model import GpuRecord
-from auditor.store.bounds import RowError, check_row
+from auditor.model import Batch, GpuRecord, Holding, Written, merge_holdings
+from auditor.store.bounds import RowError, check_row, is_data_error
 from auditor.store.schema import gpus, pods
 from auditor.store.writes import (
-    GpuConflict,
     ShareSeen,
     gpu_conflicts,
     gpu_row,
@@ -38,22 +34,6 @@ from auditor.store.writes import (
 
 SOURCE = "pod-resources"
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Written:
-    """What a write left over: holdings not joined to a pod yet (kept for the next flush),
-    and the GPUs refused as conflicting with the store, with the samples skipped for them."""
-
-    unresolved: list[Holding]
-    conflicts: tuple[GpuConflict, ...] = ()
-    skipped_samples: int = 0
-
-
-class Sink(Protocol):
-    """Stores batches; says which holdings wait for their pod and which GPUs were refused."""
-
-    def write(self, batches: Sequence[Batch], *, pending: Sequence[Holding]) -> Written: ...
 
 
 class StoreSink:
@@ -98,6 +78,10 @@ class StoreSink:
             )
             upsert_assignments(conn, seen, source=SOURCE, shares=shares)
         return Written(unresolved, tuple(conflicts), skipped)
+
+    def is_refusal(self, error: BaseException) -> bool:
+        """Did the database refuse a write for its data, rather than fail itself?"""
+        return is_data_error(error)
 
 
 def _unstorable(records: Iterable[GpuRecord]) -> set[str]:

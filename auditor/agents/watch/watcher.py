@@ -1,7 +1,7 @@
 """The watch loop: list, watch from the list's resourceVersion, relist on 410. No I/O of its own.
 
-A `Reflector` drives one `Source` (pods or nodes, from `auditor.collect.kube` or a test
-double) into one `Sink` (the store, `auditor.collect.sinks`), after the client-go reflector:
+A `Reflector` drives one `Source` (pods or nodes, from `auditor.agents.watch.kube` or a test
+double) into one `Sink` (the store, `auditor.jobs.watch_sinks`), after the client-go reflector:
 
 - Start from the cursor the sink stored with the last events it committed; with none,
   list (paginated, one consistent snapshot) and hand the whole list to the sink, which
@@ -29,8 +29,9 @@ from dataclasses import dataclass
 from random import Random
 from typing import Any, Protocol
 
-from auditor.collect.kube import Event, Expired, Page, Unavailable
+from auditor.agents.watch.kube import Event, Expired, Page, Unavailable
 from auditor.errors import StoreError
+from auditor.settings import WATCH_TIMEOUT_S
 
 log = logging.getLogger("auditor.watch")
 
@@ -80,7 +81,7 @@ class Backoff:
 
 @dataclass(frozen=True, slots=True)
 class LoopOptions:
-    watch_timeout_s: int = 300
+    watch_timeout_s: int = WATCH_TIMEOUT_S
     """The server ends each watch after this long; the loop then watches again."""
     page_size: int = 500
     """Objects per list page."""

@@ -18,38 +18,14 @@ import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
-from dataclasses import astuple, dataclass
+from dataclasses import astuple
 from pathlib import Path
 
 from auditor.errors import AuditorError
-from auditor.model import GpuRecord, GpuSample, TenantSample
+from auditor.model import Batch, GpuRecord, GpuSample, Holding, TenantSample, merge_holdings
+from auditor.settings import BUFFER_MAX_MIB
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class Holding:
-    """A pod seen holding a GPU from `first_ms` to `last_ms` (pod-resources, by name);
-    `replicas`: how many time-slicing device IDs (`GPU-…::j`) of the card it holds, None for
-    a card not handed out in replicas."""
-
-    namespace: str
-    pod: str
-    gpu_uuid: str
-    first_ms: int
-    last_ms: int
-    replicas: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Batch:
-    """One sampler pass: the GPUs, their samples, who held them, and each pod's own
-    utilisation of the cards (per-process utilisation, when on)."""
-
-    gpus: tuple[GpuRecord, ...]
-    samples: tuple[GpuSample, ...]
-    holdings: tuple[Holding, ...]
-    tenants: tuple[TenantSample, ...] = ()
 
 
 def encode_batch(batch: Batch) -> str:
@@ -87,7 +63,7 @@ CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NU
 """
 
 MIB = 2**20
-DEFAULT_MAX_BYTES = 200 * MIB
+DEFAULT_MAX_BYTES = int(BUFFER_MAX_MIB * MIB)
 """Batch bodies kept at most: the file stays within 1.2 times this (bodies fill whole
 pages; measured in tests/test_buffer.py), so 256 MiB of disk holds it."""
 MEMORY_MAX_BYTES = 16 * MIB
@@ -394,26 +370,6 @@ class DiskBuffer:
                     with suppress(sqlite3.Error):
                         self._db.execute(f"PRAGMA journal_mode={_JOURNAL}")
         return len(merged) - len(kept)
-
-
-def merge_holdings(holdings: Iterable[Holding]) -> list[Holding]:
-    """One span per (namespace, pod, GPU), widened over every observation; the replicas the
-    most of any observation (a pod's share of a card does not shrink while it runs)."""
-    spans: dict[tuple[str, str, str], Holding] = {}
-    for h in holdings:
-        key = (h.namespace, h.pod, h.gpu_uuid)
-        old = spans.get(key)
-        if old is None:
-            spans[key] = h
-            continue
-        counts = [r for r in (old.replicas, h.replicas) if r is not None]
-        spans[key] = Holding(
-            *key,
-            min(old.first_ms, h.first_ms),
-            max(old.last_ms, h.last_ms),
-            max(counts) if counts else None,
-        )
-    return list(spans.values())
 
 
 def batches_holdings(batches: Sequence[Batch]) -> list[Holding]:

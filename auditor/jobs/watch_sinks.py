@@ -20,22 +20,22 @@ the cursor where it was and backs off.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from auditor.collect.kube import Event
+from auditor.agents.watch.kube import Event
 from auditor.collect.nodes import node_row
 from auditor.collect.selectors import matcher
 from auditor.collect.shares import hami_assignments
 from auditor.collect.workloads import pod_gpu_ask, pod_record
 from auditor.errors import InputError, StoreError, shown
 from auditor.model import PodRecord
-from auditor.redact import redact
 from auditor.settings import Sharing, TeamRules
 from auditor.store.bounds import RowError, check_row, is_data_error
+from auditor.store.engine import transaction
 from auditor.store.schema import nodes, pods
-from auditor.store.writes import pod_row
+from auditor.store.writes import known_deletions, pod_row
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection, Engine
@@ -140,18 +140,8 @@ class _StoreSink:
                 written.append(item)
         return written
 
-    @contextmanager
-    def _transaction(self) -> Iterator[Connection]:
-        from sqlalchemy.exc import SQLAlchemyError
-
-        try:
-            with self.engine.begin() as conn:
-                yield conn
-        except SQLAlchemyError as e:
-            cause = getattr(e, "orig", None) or e
-            raise StoreError(f"cannot write to the database: {_first_line(cause)}") from e
-        except (InputError, OverflowError, UnicodeError, ValueError) as e:
-            raise StoreError(f"cannot write to the database: {_first_line(e)}") from e
+    def _transaction(self) -> AbstractContextManager[Connection]:
+        return transaction(self.engine)
 
     def cursor(self) -> str | None:
         from auditor.store.writes import read_cursor
@@ -254,24 +244,13 @@ class PodSink(_StoreSink):
     def _known_deletions(conn: Connection, events: list[Event]) -> dict[str | None, int]:
         """Deletion times already stored for pods a DELETED event removes without a
         `deletionTimestamp`, so a replay keeps the time first seen instead of its own."""
-        from sqlalchemy import select
-
-        from auditor.store.schema import pods
-
         uids = [
             _uid(e.obj)
             for e in events
             if e.type == "DELETED" and not _meta(e.obj).get("deletionTimestamp")
         ]
-        uids = [u for u in uids if u is not None]
-        if not uids:
-            return {}
-        rows = conn.execute(
-            select(pods.c.uid, pods.c.deleted_ms).where(
-                pods.c.uid.in_(uids), pods.c.deleted_ms.is_not(None)
-            )
-        )
-        return {uid: int(ms) for uid, ms in rows}
+        found = known_deletions(conn, [u for u in uids if u is not None])
+        return {uid: ms for uid, ms in found.items()}
 
 
 def _write_pods(conn: Connection, records: list[PodRecord]) -> None:
@@ -336,11 +315,6 @@ def _describe(obj: Mapping[str, Any], *, kind: str = "pod") -> str:
 
 def _describe_record(rec: PodRecord) -> str:
     return f"pod {shown(f'{rec.namespace}/{rec.name}', 80)}"
-
-
-def _first_line(error: object) -> str:
-    text = redact(str(error)).strip()
-    return shown(text.splitlines()[0], 200) if text else type(error).__name__
 
 
 def _uid(obj: Mapping[str, Any]) -> str | None:

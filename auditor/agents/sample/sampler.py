@@ -19,20 +19,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from auditor.collect.buffer import Batch, BufferStorageError, DiskBuffer, Holding
-from auditor.collect.podresources import DeviceHolder, normalise_device_id
-from auditor.collect.sampler_metrics import SamplerMetrics
-from auditor.collect.sink import Sink, Written
+from auditor.agents.sample.buffer import BufferStorageError, DiskBuffer
+from auditor.agents.sample.metrics import SamplerMetrics
+from auditor.agents.sample.podresources import DeviceHolder, normalise_device_id
 from auditor.errors import AuditorError
-from auditor.model import GpuRecord, GpuSample
-from auditor.store.bounds import is_data_error
-from auditor.store.writes import GpuConflict
+from auditor.model import Batch, GpuConflict, GpuRecord, GpuSample, Holding, Written
+from auditor.settings import SAMPLE_FLUSH_EVERY_S, SAMPLE_PERIOD_S
 
 log = logging.getLogger(__name__)
 
 
 class NodeReading(Protocol):
-    """One pass over the node's devices (`auditor.collect.nvml.Reading` is one)."""
+    """One pass over the node's devices (`auditor.agents.sample.nvml.Reading` is one)."""
 
     @property
     def taken_ms(self) -> int: ...
@@ -54,6 +52,16 @@ class HolderSource(Protocol):
     """Says which pod containers hold which devices (pod-resources, or a fake)."""
 
     def list_gpu_holders(self) -> Sequence[DeviceHolder]: ...
+
+
+class Sink(Protocol):
+    """Stores batches (`auditor.store.sample_sink.StoreSink` is one); says which holdings
+    wait for their pod and which GPUs were refused, and whether an error it raised was the
+    store refusing the data (then the passes are written alone) rather than being down."""
+
+    def write(self, batches: Sequence[Batch], *, pending: Sequence[Holding]) -> Written: ...
+
+    def is_refusal(self, error: BaseException) -> bool: ...
 
 
 def holdings(reading: NodeReading, holders: Sequence[DeviceHolder]) -> tuple[Holding, ...]:
@@ -79,9 +87,9 @@ def holdings(reading: NodeReading, holders: Sequence[DeviceHolder]) -> tuple[Hol
 
 @dataclass(frozen=True)
 class SamplerSettings:
-    period_s: float = 5.0
+    period_s: float = SAMPLE_PERIOD_S
     """Seconds between passes over the devices."""
-    flush_every_s: float = 30.0
+    flush_every_s: float = SAMPLE_FLUSH_EVERY_S
     """Seconds between writes to the store (passes are batched in between)."""
     flush_batches: int = 720
     """Most passes written in one transaction."""
@@ -164,7 +172,7 @@ class Sampler:
             try:
                 written = self.sink.write([b for _, b in items], pending=pending)
             except Exception as e:
-                if not is_data_error(e):  # the store is down or busy: keep the passes
+                if not self.sink.is_refusal(e):  # the store is down or busy: keep the passes
                     self.metrics.store_errors.inc()
                     log.warning("store write failed, %d passes kept: %s", len(self.buffer), e)
                     return False
@@ -200,7 +208,7 @@ class Sampler:
                 try:
                     written = self.sink.write([batch], pending=attempt)
                 except Exception as e:
-                    if not is_data_error(e):
+                    if not self.sink.is_refusal(e):
                         raise
                     if attempt:  # perhaps it was the holdings: try the pass alone
                         self.metrics.dropped_holdings.inc(len(pending))

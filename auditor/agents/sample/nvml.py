@@ -7,6 +7,10 @@ is covered rather than aliased by one point; where the buffer is not supported t
 reading (`nvmlDeviceGetUtilizationRates`) stands in. A sample is stamped with the start of
 the time it averages (the previous read), so it covers exactly that time (SPEC §3).
 
+SM activity comes from GPM (Hopper and later): a GPM sample per card each read, and the SM
+utilisation between it and the previous read's (so the first read of a card has none); a
+card without GPM support has `None`.
+
 A field NVML does not support, or fails to read, is `None`, never 0. A MIG-enabled card is
 reported as its MIG instances (GPUs of their own, NVML has no utilisation for them: `None`),
 not as the parent, whose capacity they share; each names its profile (`1g.10gb`), read from
@@ -14,7 +18,7 @@ the instance's name as NVML gives it ("NVIDIA A100-SXM4-40GB MIG 1g.5gb").
 
 Per-process utilisation (optional, SPEC §7): with a proc root given, each whole card's
 `nvmlDeviceGetProcessUtilization` samples since the last read are averaged per process,
-each process is put in its pod through `/proc/<pid>/cgroup` (`auditor.collect.cgroups`),
+each process is put in its pod through `/proc/<pid>/cgroup` (`auditor.agents.sample.cgroups`),
 and summed per pod: one `TenantSample` per pod and card, stamped like the card's sample.
 Processes outside pods are left out. It needs the host's PID namespace (`hostPID: true`).
 """
@@ -30,7 +34,7 @@ from typing import Any
 
 import pynvml
 
-from auditor.collect.cgroups import PodsOfProcesses
+from auditor.agents.sample.cgroups import PodsOfProcesses
 from auditor.errors import AuditorError
 from auditor.model import GpuRecord, GpuSample, TenantSample
 
@@ -110,6 +114,9 @@ class NvmlReader:
         self._no_buffer: set[str] = set()
         self._pods = None if proc_root is None else PodsOfProcesses(proc_root)
         self._unattributed = 0
+        self._gpm: dict[str, Any] = {}
+        """Per card with GPM support: its GPM sample of the previous read (None: none yet)."""
+        self._no_gpm: set[str] = set()
 
     def open(self) -> None:
         try:
@@ -118,6 +125,10 @@ class NvmlReader:
             raise DriverError(f"cannot initialise NVML: {e}") from e
 
     def close(self) -> None:
+        for sample in self._gpm.values():
+            if sample is not None:
+                _optional(pynvml.nvmlGpmSampleFree, sample)
+        self._gpm.clear()
         _optional(pynvml.nvmlShutdown)
 
     def read(self) -> Reading:
@@ -234,6 +245,7 @@ class NvmlReader:
         clock = _optional(pynvml.nvmlDeviceGetClockInfo, handle, pynvml.NVML_CLOCK_SM)
         temp = _optional(pynvml.nvmlDeviceGetTemperature, handle, pynvml.NVML_TEMPERATURE_GPU)
         model = None if name is None else _text(name)
+        sm_active = self._sm_active(handle, uuid) if parent is None else None
         out[0].append(
             GpuRecord(
                 uuid,
@@ -257,8 +269,45 @@ class NvmlReader:
                 sm_clock_mhz=None if clock is None else float(clock),
                 throttle_reasons=None if throttle is None else f"0x{throttle:016x}",
                 temperature_c=None if temp is None else float(temp),
+                sm_active=sm_active,
             )
         )
+
+    def _sm_active(self, handle: Any, uuid: str) -> float | None:
+        """GPM SM utilisation (0-1) since the previous read; None without GPM or a previous
+        sample, or where the metric cannot be read."""
+        if uuid in self._no_gpm:
+            return None
+        if uuid not in self._gpm:
+            support = _optional(pynvml.nvmlGpmQueryDeviceSupport, handle)
+            if support is None or not support.isSupportedDevice:
+                self._no_gpm.add(uuid)
+                return None
+            self._gpm[uuid] = None
+        previous = self._gpm[uuid]
+        sample = _optional(pynvml.nvmlGpmSampleAlloc)
+        if sample is None or _optional(pynvml.nvmlGpmSampleGet, handle, sample) is None:
+            if sample is not None:
+                _optional(pynvml.nvmlGpmSampleFree, sample)
+            return None
+        self._gpm[uuid] = sample
+        if previous is None:
+            return None
+        try:
+            get = pynvml.c_nvmlGpmMetricsGet_t()
+            get.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+            get.numMetrics = 1
+            get.sample1, get.sample2 = previous, sample
+            get.metrics[0].metricId = pynvml.NVML_GPM_METRIC_SM_UTIL
+            pynvml.nvmlGpmMetricsGet(get)
+        except pynvml.NVMLError:
+            return None
+        finally:
+            _optional(pynvml.nvmlGpmSampleFree, previous)
+        metric = get.metrics[0]
+        if metric.nvmlReturn != pynvml.NVML_SUCCESS:
+            return None
+        return min(1.0, max(0.0, float(metric.value) / 100.0))
 
     def _utilisation(self, handle: Any, uuid: str, window: tuple[int, int]) -> float | None:
         """Mean of the buffered samples since the last one seen; else the point reading."""

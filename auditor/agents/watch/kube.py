@@ -21,6 +21,7 @@ from enum import StrEnum
 from typing import Any
 
 from auditor.errors import AuditorError, ConfigError
+from auditor.settings import CONNECT_TIMEOUT_S, READ_TIMEOUT_S
 
 
 class Kind(StrEnum):
@@ -61,9 +62,9 @@ class Event:
 
 @dataclass(frozen=True, slots=True)
 class Timeouts:
-    connect_s: float = 10.0
+    connect_s: float = CONNECT_TIMEOUT_S
     """Seconds to open a connection."""
-    read_s: float = 90.0
+    read_s: float = READ_TIMEOUT_S
     """Seconds without a byte after which a stream counts as stalled. Servers send a
     bookmark about every minute to a watch that asks for them."""
 

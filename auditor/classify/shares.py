@@ -1,0 +1,676 @@
+"""Shared and partitioned cards (SPEC §7): every tenant of a card as a card of its own.
+
+A physical card has one card-second of capacity per second however it is divided. Two kinds
+of division reach the classifier:
+
+- **MIG.** Each instance is a GPU of its own in the samples, with its own utilisation
+  (relative to the instance). It is classified as an exclusive card and every second of it
+  is weighted by its share of the physical card (`mig_share`: compute slices / 7, or / 4 on
+  an A30). The slices no instance was carved from are the parent card's, weighted by what
+  is left, and held by nobody: `unallocated` where observed. A parent that reports no
+  samples of its own (nvidia-smi shows no utilisation for a MIG-enabled card) stands on the
+  samples of its busiest-sampled instance, with unreadable utilisation.
+- **Tenures with a share** (time-slicing and MPS replicas, HAMi, Run:ai fractions,
+  gpu-milli; `share` < 1 in the tenures, NaN where unknown). Each such card is cut into
+  pseudo-samples at its samples and at every tenure boundary, so that the set of tenants is
+  constant in each. Per pseudo-sample, with tenant shares `s_i` (a NaN share is an equal
+  split, `1/n` of the n tenants present), scaled by `1/Σs` where they add up to more than 1
+  (an *oversubscribed* stretch, reported as a finding), free share `f = 1 − Σs`, card
+  activity `U` and tenant activity `u_i`:
+  - `u_i` is the tenant's measured utilisation of the card (per-process utilisation summed
+    per pod, `activity`) where a sample of it lies within half a period of the card's
+    sample; tenants without one share what the measured ones leave, `max(0, U − Σmeasured)`,
+    in proportion to their shares (*estimated attribution* where two or more tenants are
+    present). Measured values are scaled to sum to `U` where no tenant is unmeasured (down
+    where they exceed it, as SPEC §7 says, and up where they fall short: the card's busy
+    time is the card's, whoever's process was sampled).
+  - `busy_i = u_i`; the idle part `1 − U` is divided in proportion to unused capacity, the
+    tenant's `max(0, s_i − u_i)` and the free share `f`; the free part is `unallocated`.
+  - Each tenant becomes a *virtual card* (key `uuid + SEP + pod + SEP + start`) carrying its
+    pseudo-samples, with its *share utilisation* `min(1, u_i / s_i)` as utilisation: the
+    rules of SPEC §3 (idle runs, startup, teardown, checkpoint, straggler) run on it as on
+    any card. The time the rules give is then rescaled: busy to `u_i`, the idle fractions
+    to the tenant's idle part. Time of the tenant with unreadable utilisation or no sample
+    is `unobserved`, its share's worth.
+  - The physical card keeps its pseudo-samples and no tenure: the free part of each covered
+    stretch (all of it where no tenant is present) is `unallocated`, the free share of an
+    uncovered one `unobserved`.
+
+A card whose tenures all have share 1 is not touched: the exclusive path is the same
+computation as before, bit for bit.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from auditor.classify.arrays import BoolArr, FloatArr, IntArr, ObjArr
+from auditor.classify.coverage import SampleTable
+
+SEP = "\x1f"
+"""Separates a physical card's UUID from the tenant in a virtual card's key."""
+
+EPS = 1e-9
+"""Shares within this of 1 count as 1; sums within this of 1 are not oversubscribed."""
+
+_MIG_PROFILE = re.compile(r"(?:(\d+)c\.)?(\d+)g\b", re.IGNORECASE)
+
+
+def mig_slices(model: str | None) -> int:
+    """Compute slices of a MIG-capable card: 4 on an A30, 7 on the others (A100, H100...)."""
+    return 4 if model is not None and re.search(r"\bA30\b", model) else 7
+
+
+def mig_share(profile: str | None, model: str | None) -> float | None:
+    """The share of its physical card a MIG instance of `profile` holds, or None where the
+    profile names no slice count (`1g.10gb` → 1/7; `1c.3g.40gb`, a compute instance, → 1/7;
+    on an A30, `2g.12gb` → 2/4)."""
+    if not profile:
+        return None
+    found = _MIG_PROFILE.search(profile)
+    if found is None:
+        return None
+    slices = int(found.group(1) or found.group(2))
+    total = mig_slices(model)
+    if slices <= 0 or slices > total:
+        return None
+    return slices / total
+
+
+@dataclass(frozen=True)
+class Scale:
+    """Per sample of the expanded table: how the classifier's time becomes card-seconds."""
+
+    busy: FloatArr
+    """Busy card-seconds per second of a held, readable sample (utilisation/100 when whole)."""
+    idle: FloatArr
+    """Factor on the idle fractions the rules give a held, readable sample."""
+    covered: FloatArr
+    """Weight of a stretch the sample covers that is unallocated or unobserved as a whole."""
+    gap: FloatArr
+    """Weight of the uncovered stretch after the sample."""
+    estimated: BoolArr
+    """Attribution estimated by share (two or more tenants, an active card, no measured
+    activity)."""
+
+
+@dataclass(frozen=True)
+class Expanded:
+    samples: SampleTable
+    tenures: pd.DataFrame
+    scale: Scale
+    physical: dict[str, str]
+    """Key of each virtual card → the UUID of its physical card."""
+    oversubscribed: pd.DataFrame
+    """gpu, start_ms, end_ms, seconds, detail of stretches whose shares were scaled."""
+
+
+def _text(value: object) -> str | None:
+    if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)):
+        return None
+    return str(value)
+
+
+def card_weights(cards: pd.DataFrame | None) -> tuple[dict[str, float], dict[str, list[str]]]:
+    """(weight of each MIG instance and of each MIG parent's uncarved rest, parent → its
+    instances). Cards that are neither weigh 1 and are not listed."""
+    if cards is None or len(cards) == 0 or "parent_uuid" not in cards.columns:
+        return {}, {}
+    models = dict(
+        zip(
+            cards["uuid"].astype(str),
+            cards["model"] if "model" in cards.columns else [None] * len(cards),
+            strict=True,
+        )
+    )
+    profiles = cards["mig_profile"] if "mig_profile" in cards.columns else [None] * len(cards)
+    children: dict[str, list[str]] = {}
+    weights: dict[str, float] = {}
+    unknown: dict[str, list[str]] = {}
+    for uuid, parent, profile in zip(
+        cards["uuid"].astype(str), cards["parent_uuid"], profiles, strict=True
+    ):
+        parent_s = _text(parent)
+        if parent_s is None:
+            continue
+        children.setdefault(parent_s, []).append(uuid)
+        model = _text(models.get(parent_s)) or _text(models.get(uuid))
+        share = mig_share(_text(profile) or _profile_in(_text(models.get(uuid))), model)
+        if share is None:
+            unknown.setdefault(parent_s, []).append(uuid)
+        else:
+            weights[uuid] = share
+    for parent, kids in children.items():
+        known = sum(weights[k] for k in kids if k in weights)
+        rest = max(0.0, 1.0 - known)
+        missing = unknown.get(parent, [])
+        for k in missing:  # a profile we cannot read: an equal split of what is left
+            weights[k] = rest / len(missing)
+        weights[parent] = 0.0 if missing else rest
+    return weights, children
+
+
+def _profile_in(name: str | None) -> str | None:
+    """The profile in a MIG device's name (`NVIDIA A100-SXM4-40GB MIG 1g.5gb`)."""
+    if name is None:
+        return None
+    found = re.search(r"MIG\s+(\S+)", name)
+    return None if found is None else found.group(1)
+
+
+def is_shared(share: pd.Series) -> pd.Series:
+    """Tenures that hold less than a whole card, or an unknown share of one."""
+    values = pd.to_numeric(share, errors="coerce")
+    return values.isna() | (values < 1.0 - EPS)
+
+
+def _activity_by_tenant(
+    activity: pd.DataFrame | None,
+) -> dict[tuple[str, str], tuple[IntArr, FloatArr]]:
+    if activity is None or len(activity) == 0:
+        return {}
+    frame = activity[activity["gpu"].notna() & activity["pod_uid"].notna()]
+    frame = frame.sort_values(["gpu", "pod_uid", "ts_ms"], kind="stable")
+    out: dict[tuple[str, str], tuple[IntArr, FloatArr]] = {}
+    for (gpu, pod), part in frame.groupby(["gpu", "pod_uid"], sort=False):
+        util = part["util"].to_numpy(dtype=np.float64, na_value=np.nan)
+        out[(str(gpu), str(pod))] = (
+            part["ts_ms"].to_numpy(dtype=np.int64),
+            np.clip(util, 0.0, 100.0) / 100.0,
+        )
+    return out
+
+
+def _nearest(ts: IntArr, values: FloatArr, at: IntArr, *, within: int) -> FloatArr:
+    """Per instant in `at`, the value of the nearest `ts` no further than `within`, else NaN."""
+    out = np.full(at.size, np.nan)
+    if ts.size == 0:
+        return out
+    right = np.clip(np.searchsorted(ts, at, side="left"), 0, ts.size - 1)
+    left = np.clip(right - 1, 0, ts.size - 1)
+    pick = np.where(np.abs(ts[left] - at) <= np.abs(ts[right] - at), left, right)
+    ok = np.abs(ts[pick] - at) <= within
+    out[ok] = values[pick[ok]]
+    return out
+
+
+@dataclass
+class _Blocks:
+    """Per-card blocks of the expanded sample table, in card order."""
+
+    gpu: list[IntArr]
+    ts: list[IntArr]
+    util: list[FloatArr]
+    cov_end: list[IntArr]
+    span_end: list[IntArr]
+    throttle: list[IntArr]
+    busy: list[FloatArr]
+    idle: list[FloatArr]
+    covered: list[FloatArr]
+    gap: list[FloatArr]
+    estimated: list[BoolArr]
+
+    def add(
+        self,
+        gpu: int,
+        *,
+        ts: IntArr,
+        util: FloatArr,
+        cov_end: IntArr,
+        span_end: IntArr,
+        throttle: IntArr,
+        busy: FloatArr,
+        idle: FloatArr,
+        covered: FloatArr,
+        gap: FloatArr,
+        estimated: BoolArr,
+    ) -> None:
+        self.gpu.append(np.full(ts.size, gpu, dtype=np.int64))
+        self.ts.append(ts)
+        self.util.append(util)
+        self.cov_end.append(cov_end)
+        self.span_end.append(span_end)
+        self.throttle.append(throttle)
+        self.busy.append(busy)
+        self.idle.append(idle)
+        self.covered.append(covered)
+        self.gap.append(gap)
+        self.estimated.append(estimated)
+
+
+@dataclass(frozen=True)
+class _Tenant:
+    row: int
+    pod: str
+    start: int
+    end: int
+    share: float
+
+
+def expand(
+    st: SampleTable,
+    tenures: pd.DataFrame,
+    *,
+    cards: pd.DataFrame | None,
+    activity: pd.DataFrame | None,
+    window: tuple[int, int],
+    force: Iterable[str] = (),
+) -> Expanded | None:
+    """The sample table and tenures with shared cards expanded (module docstring), or None
+    where no card is shared or partitioned. `force` names cards to expand although every
+    tenure on them holds the whole card (tests compare that with the exclusive path)."""
+    weights, children = card_weights(cards)
+    index = {str(u): i for i, u in enumerate(st.uuids.tolist())}
+    weights = {u: w for u, w in weights.items() if u in index or u in children}
+    forced = set(force)
+    shared_rows: dict[int, list[int]] = {}
+    if len(tenures) and "share" in tenures.columns:
+        mask = is_shared(tenures["share"]).to_numpy() | tenures["gpu"].isin(forced).to_numpy()
+        sharing_cards = set(tenures.loc[mask, "gpu"].astype(str))
+        gpu_col = tenures["gpu"].astype(str).tolist()
+        for row, uuid in enumerate(gpu_col):
+            if uuid in sharing_cards and uuid in index:
+                shared_rows.setdefault(index[uuid], []).append(row)
+    synthesize = [p for p, kids in children.items() if p not in index and weights.get(p, 0) > 0]
+    synthesize = [p for p in synthesize if any(k in index for k in children[p])]
+    if not shared_rows and not synthesize and all(w == 1.0 for w in weights.values()):
+        return None
+
+    starts: IntArr = (
+        np.flatnonzero(np.r_[True, st.gpu[1:] != st.gpu[:-1]]).astype(np.int64)
+        if st.ts.size
+        else np.zeros(0, dtype=np.int64)
+    )
+    bounds = np.append(starts, st.ts.size)
+    throttle = st.throttle if st.throttle is not None else np.full(st.ts.size, -1, np.int64)
+    blocks = _Blocks([], [], [], [], [], [], [], [], [], [], [])
+    by_tenant = _activity_by_tenant(activity)
+    extra_keys: list[str] = []
+    extra_period: list[int] = []
+    physical: dict[str, str] = {}
+    replaced: dict[int, str] = {}
+    moved_rows: list[int] = []
+    dropped_rows: list[int] = []
+    virtual_blocks: list[tuple[str, dict[str, np.ndarray]]] = []
+    over_rows: list[tuple[str, int, int, float, str]] = []
+    for g in range(st.n_gpus):
+        a, b = int(bounds[g]), int(bounds[g + 1])
+        uuid = str(st.uuids[g])
+        w = weights.get(uuid, 1.0)
+        sl = slice(a, b)
+        if g not in shared_rows:
+            util = st.util[sl]
+            blocks.add(
+                g,
+                ts=st.ts[sl],
+                util=util,
+                cov_end=st.cov_end[sl],
+                span_end=st.span_end[sl],
+                throttle=throttle[sl],
+                busy=util / 100.0 * w,
+                idle=np.full(b - a, w),
+                covered=np.full(b - a, w),
+                gap=np.full(b - a, w),
+                estimated=np.zeros(b - a, dtype=np.bool_),
+            )
+            continue
+        tenants = []
+        for row in shared_rows[g]:
+            rec = tenures.iloc[row]
+            start = max(int(rec["start_ms"]), int(st.first[g]))
+            end = min(int(rec["end_ms"]), int(st.last_end[g]))
+            if end <= start:
+                dropped_rows.append(row)
+                continue
+            share = float(rec["share"]) if pd.notna(rec["share"]) else math.nan
+            tenants.append(_Tenant(row, str(rec["pod_uid"]), start, end, share))
+            moved_rows.append(row)
+        free, virtual, over = _split_card(
+            uuid=uuid,
+            ts=st.ts[sl],
+            util=st.util[sl],
+            cov_end=st.cov_end[sl],
+            last_end=int(st.last_end[g]),
+            throttle=throttle[sl],
+            period=int(st.period[g]),
+            tenants=tenants,
+            by_tenant=by_tenant,
+            window=window,
+        )
+        over_rows += over
+        blocks.add(
+            g,
+            ts=free["ts"],
+            util=free["util"],
+            cov_end=free["cov_end"],
+            span_end=free["span_end"],
+            throttle=free["throttle"],
+            busy=np.zeros(free["ts"].size),
+            idle=np.zeros(free["ts"].size),
+            covered=free["covered"] * w,
+            gap=free["gap"] * w,
+            estimated=np.zeros(free["ts"].size, dtype=np.bool_),
+        )
+        for tenant, arrays in virtual:
+            key = f"{uuid}{SEP}{tenant.pod}{SEP}{tenant.start}"
+            physical[key] = uuid
+            replaced[tenant.row] = key
+            for name in ("busy", "idle", "covered", "gap"):
+                arrays[name] = arrays[name] * w
+            virtual_blocks.append((key, arrays))
+            extra_keys.append(key)
+            extra_period.append(int(st.period[g]))
+
+    for parent in synthesize:
+        kids = [index[k] for k in children[parent] if k in index]
+        best = max(kids, key=lambda k: (int(bounds[k + 1] - bounds[k]), -k))
+        a, b = int(bounds[best]), int(bounds[best + 1])
+        w = weights[parent]
+        virtual_blocks.append(
+            (
+                parent,
+                {
+                    "ts": st.ts[a:b],
+                    "util": np.full(b - a, np.nan),
+                    "cov_end": st.cov_end[a:b],
+                    "span_end": st.span_end[a:b],
+                    "throttle": np.full(b - a, -1, dtype=np.int64),
+                    "busy": np.zeros(b - a),
+                    "idle": np.zeros(b - a),
+                    "covered": np.full(b - a, w),
+                    "gap": np.full(b - a, w),
+                    "estimated": np.zeros(b - a, dtype=np.bool_),
+                },
+            )
+        )
+        extra_keys.append(parent)
+        extra_period.append(int(st.period[best]))
+
+    n0 = st.n_gpus
+    for i, (_key, arrays) in enumerate(virtual_blocks):
+        blocks.add(
+            n0 + i,
+            ts=arrays["ts"],
+            util=arrays["util"],
+            cov_end=arrays["cov_end"],
+            span_end=arrays["span_end"],
+            throttle=arrays["throttle"],
+            busy=arrays["busy"],
+            idle=arrays["idle"],
+            covered=arrays["covered"],
+            gap=arrays["gap"],
+            estimated=arrays["estimated"],
+        )
+    samples = _table(st, blocks, extra_keys=extra_keys, extra_period=extra_period)
+    new_tenures = tenures.copy()
+    if moved_rows:
+        gpu_values = new_tenures["gpu"].astype(object).to_numpy().copy()
+        for row, key in replaced.items():
+            gpu_values[row] = key
+        new_tenures["gpu"] = gpu_values
+    if dropped_rows:
+        new_tenures = new_tenures.drop(new_tenures.index[dropped_rows])
+    scale = Scale(
+        busy=np.concatenate(blocks.busy),
+        idle=np.concatenate(blocks.idle),
+        covered=np.concatenate(blocks.covered),
+        gap=np.concatenate(blocks.gap),
+        estimated=np.concatenate(blocks.estimated),
+    )
+    over_frame = pd.DataFrame(over_rows, columns=["gpu", "start_ms", "end_ms", "seconds", "detail"])
+    return Expanded(samples, new_tenures, scale, physical, over_frame)
+
+
+def _table(
+    st: SampleTable, blocks: _Blocks, *, extra_keys: list[str], extra_period: list[int]
+) -> SampleTable:
+    gpu = np.concatenate(blocks.gpu)
+    ts = np.concatenate(blocks.ts)
+    span_end = np.concatenate(blocks.span_end)
+    uuids: ObjArr = np.concatenate([st.uuids, np.array(extra_keys, dtype=object)])
+    n = uuids.size
+    first = np.zeros(n, dtype=np.int64)
+    last_end = np.zeros(n, dtype=np.int64)
+    at = np.flatnonzero(np.r_[True, gpu[1:] != gpu[:-1]]) if gpu.size else np.zeros(0, np.int64)
+    ends = np.append(at[1:], gpu.size) - 1
+    first[gpu[at]] = ts[at]
+    last_end[gpu[ends]] = span_end[ends]
+    return SampleTable(
+        uuids=uuids,
+        gpu=gpu,
+        ts=ts,
+        util=np.concatenate(blocks.util),
+        cov_end=np.concatenate(blocks.cov_end),
+        span_end=span_end,
+        throttle=None if st.throttle is None else np.concatenate(blocks.throttle),
+        throttle_names=st.throttle_names,
+        period=np.concatenate([st.period, np.array(extra_period, dtype=np.int64)]),
+        first=first,
+        last_end=last_end,
+    )
+
+
+def _split_card(
+    *,
+    uuid: str,
+    ts: IntArr,
+    util: FloatArr,
+    cov_end: IntArr,
+    last_end: int,
+    throttle: IntArr,
+    period: int,
+    tenants: list[_Tenant],
+    by_tenant: dict[tuple[str, str], tuple[IntArr, FloatArr]],
+    window: tuple[int, int],
+) -> tuple[
+    dict[str, np.ndarray],
+    list[tuple[_Tenant, dict[str, np.ndarray]]],
+    list[tuple[str, int, int, float, str]],
+]:
+    """One shared card: its free-share pseudo-samples and one set per tenant."""
+    cuts = np.array([t.start for t in tenants] + [t.end for t in tenants], dtype=np.int64)
+    cuts = cuts[(cuts > ts[0]) & (cuts < last_end)]
+    points = np.union1d(ts, cuts).astype(np.int64)
+    m = points.size
+    parent = np.searchsorted(ts, points, side="right") - 1
+    ends = np.append(points[1:], last_end).astype(np.int64)
+    p_cov = np.minimum(np.maximum(cov_end[parent], points), ends)
+    card_u = util[parent] / 100.0  # NaN where unreadable
+
+    ranges = [
+        (int(np.searchsorted(points, t.start)), int(np.searchsorted(points, t.end)))
+        for t in tenants
+    ]
+    count = np.zeros(m + 1)
+    explicit = np.zeros(m + 1)
+    for t, (j0, j1) in zip(tenants, ranges, strict=True):
+        count[j0] += 1
+        count[j1] -= 1
+        if not math.isnan(t.share):
+            explicit[j0] += t.share
+            explicit[j1] -= t.share
+    n = np.cumsum(count)[:m]
+    n_safe = np.maximum(n, 1)
+    explicit_sum = np.cumsum(explicit)[:m]
+    n_nan = n.copy()
+    for t, (j0, j1) in zip(tenants, ranges, strict=True):
+        if not math.isnan(t.share):
+            n_nan[j0:j1] -= 1
+    total = explicit_sum + n_nan / n_safe
+    scaled = total > 1.0 + EPS
+    factor = np.where(scaled, 1.0 / np.where(total > 0, total, 1.0), 1.0)
+    free = np.where(n > 0, np.maximum(0.0, 1.0 - total * factor), 1.0)
+
+    # Pass 1: each tenant's share at each instant and its measured activity.
+    shares: list[FloatArr] = []
+    measured: list[FloatArr] = []
+    k_sum = np.zeros(m)
+    for t, (j0, j1) in zip(tenants, ranges, strict=True):
+        raw = np.full(j1 - j0, t.share) if not math.isnan(t.share) else 1.0 / n_safe[j0:j1]
+        shares.append(raw * factor[j0:j1])
+        got = by_tenant.get((uuid, t.pod))
+        if got is None:
+            meas = np.full(j1 - j0, np.nan)
+        else:
+            meas = _nearest(got[0], got[1], ts[parent[j0:j1]], within=period // 2)
+        measured.append(meas)
+        k_sum[j0:j1] += np.nan_to_num(meas)
+    # Instants where nothing was measured (or all measured nothing while the card was
+    # active) split U by share; where the card did nothing, nobody did.
+    trust = (k_sum > 0) | (card_u == 0)
+    unmeasured_share = np.zeros(m)
+    for (j0, j1), s, meas in zip(ranges, shares, measured, strict=True):
+        unknown = np.isnan(meas) | ~trust[j0:j1]
+        unmeasured_share[j0:j1] += np.where(unknown, s, 0.0)
+
+    # Pass 2: each tenant's activity and unused capacity.
+    acts: list[FloatArr] = []
+    unused: list[FloatArr] = []
+    estimated: list[BoolArr] = []
+    unused_sum = np.zeros(m)
+    for (j0, j1), s, meas in zip(ranges, shares, measured, strict=True):
+        big_u = card_u[j0:j1]
+        k = k_sum[j0:j1]
+        rest_share = unmeasured_share[j0:j1]
+        unknown = np.isnan(meas) | ~trust[j0:j1]
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+            from_measure = np.where(
+                rest_share > 0, meas * np.minimum(1.0, big_u / k), meas * big_u / k
+            )
+            leftover = np.where(trust[j0:j1], np.maximum(0.0, big_u - k), big_u)
+            from_share = leftover * s / np.where(rest_share > 0, rest_share, 1.0)
+        u = np.where(big_u == 0, 0.0, np.where(unknown, from_share, from_measure))
+        free_cap = np.maximum(0.0, s - u)
+        acts.append(u)
+        unused.append(free_cap)
+        estimated.append(unknown & (n[j0:j1] >= 2) & (big_u > 0))
+        unused_sum[j0:j1] += np.nan_to_num(free_cap)
+    room = unused_sum + free
+    idle_total = 1.0 - card_u
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        free_covered = np.where(
+            np.isnan(card_u),
+            free,
+            np.where(room > 0, idle_total * free / np.where(room > 0, room, 1.0), 0.0)
+            + np.where(n > 0, 0.0, card_u),
+        )
+
+    virtual: list[tuple[_Tenant, dict[str, np.ndarray]]] = []
+    for t, (j0, j1), s, u, cap, est in zip(
+        tenants, ranges, shares, acts, unused, estimated, strict=True
+    ):
+        room_t = room[j0:j1]
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+            idle_part = np.where(
+                room_t > 0, idle_total[j0:j1] * cap / np.where(room_t > 0, room_t, 1.0), 0.0
+            )
+            share_util = np.minimum(1.0, u / s)
+            factor_t = np.where(share_util < 1.0, idle_part / (1.0 - share_util), 0.0)
+        virtual.append(
+            (
+                t,
+                {
+                    "ts": points[j0:j1],
+                    "util": share_util * 100.0,
+                    "cov_end": p_cov[j0:j1],
+                    "span_end": ends[j0:j1],
+                    "throttle": throttle[parent[j0:j1]],
+                    "busy": np.nan_to_num(u),
+                    "idle": np.nan_to_num(factor_t),
+                    "covered": s,
+                    "gap": s,
+                    "estimated": est,
+                },
+            )
+        )
+
+    over: list[tuple[str, int, int, float, str]] = []
+    if scaled.any():
+        lo = np.maximum(points, window[0])
+        hi = np.minimum(ends, window[1])
+        inside = scaled & (hi > lo)
+        if inside.any():
+            over.append(
+                (
+                    uuid,
+                    int(lo[inside].min()),
+                    int(hi[inside].max()),
+                    float((hi[inside] - lo[inside]).sum()) / 1000.0,
+                    f"tenants' shares add up to {float(total[inside].max()):.2f} of the card;"
+                    " scaled to 1",
+                )
+            )
+    free_arrays: dict[str, np.ndarray] = {
+        "ts": points,
+        "util": util[parent],
+        "cov_end": p_cov,
+        "span_end": ends,
+        "throttle": throttle[parent],
+        "covered": np.nan_to_num(free_covered),
+        "gap": free,
+    }
+    return free_arrays, virtual, over
+
+
+def on_physical_cards(
+    results: pd.DataFrame, findings: pd.DataFrame, shared: Expanded
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Results and findings of virtual cards put back on their physical cards; the
+    oversubscribed stretches added as findings."""
+    from auditor.classify.findings import KIND_ORDER
+    from auditor.model import CATEGORIES
+
+    if shared.physical:
+        results = results.assign(gpu=results["gpu"].map(lambda g: shared.physical.get(g, g)))
+        findings = findings.assign(
+            gpu=findings["gpu"].map(lambda g: g if g is None else shared.physical.get(g, g))
+        )
+    results = (
+        results.assign(_pod=results["pod_uid"].fillna(""))
+        .groupby(["gpu", "_pod", "category", "estimated"], sort=False, dropna=False)
+        .agg(pod_uid=("pod_uid", "first"), seconds=("seconds", "sum"))
+        .reset_index()
+    )
+    order = {str(c): i for i, c in enumerate(CATEGORIES)}
+    results["_cat"] = results["category"].map(order)
+    results = (
+        results.sort_values(["gpu", "_pod", "_cat", "estimated"], kind="stable")
+        .loc[:, ["gpu", "pod_uid", "category", "seconds", "estimated"]]
+        .reset_index(drop=True)
+    )
+    results["pod_uid"] = results["pod_uid"].astype(object).where(results["pod_uid"].notna(), None)
+    over = shared.oversubscribed
+    if len(over):
+        extra = pd.DataFrame(
+            {
+                "kind": "oversubscribed",
+                "gang": pd.Series([None] * len(over), dtype=object),
+                "gpu": over["gpu"].astype(object),
+                "pod_uid": pd.Series([None] * len(over), dtype=object),
+                "start_ms": over["start_ms"].astype(np.int64),
+                "end_ms": over["end_ms"].astype(np.int64),
+                "seconds": over["seconds"].astype(np.float64),
+                "detail": over["detail"].astype(object),
+            }
+        )
+        findings = pd.concat([findings, extra], ignore_index=True) if len(findings) else extra
+    if len(findings):
+        rank = {k: i for i, k in enumerate(KIND_ORDER)}
+        findings = (
+            findings.assign(
+                _k=findings["kind"].map(rank),
+                _g=findings["gang"].fillna(""),
+                _u=findings["gpu"].fillna(""),
+                _p=findings["pod_uid"].fillna(""),
+            )
+            .sort_values(["_k", "_g", "_u", "_p", "start_ms"], kind="stable")
+            .drop(columns=["_k", "_g", "_u", "_p"])
+            .reset_index(drop=True)
+        )
+    return results, findings

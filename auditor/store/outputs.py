@@ -1,0 +1,207 @@
+"""Reads and writes of SPEC §8's tables: SM activity per audit run, outputs, latency buckets.
+
+Writes are idempotent on their natural keys (re-importing an interval replaces it); reads
+return DataFrames with the pod's attributes joined, for the report and `compare`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from sqlalchemy import Connection, and_, delete, insert, or_, select, tuple_
+
+from auditor.store.schema import audit_sm, gpus, latency_buckets, outputs, pods
+
+_DELETE_CHUNK = 500
+
+
+def write_sm_rows(conn: Connection, *, run_id: int, rows: Sequence[Mapping[str, Any]]) -> None:
+    """Store one audit run's SM activity rows (gpu_id, pod_uid, sm_*_seconds)."""
+    if rows:
+        conn.execute(insert(audit_sm), [{"run_id": run_id, **r} for r in rows])
+
+
+def read_sm(conn: Connection, run_ids: Sequence[int]) -> pd.DataFrame:
+    """SM activity of runs with the card and the pod's attributes joined."""
+    stmt = (
+        select(
+            gpus.c.uuid.label("gpu"),
+            gpus.c.node,
+            audit_sm.c.pod_uid,
+            pods.c.team,
+            pods.c.namespace,
+            pods.c.job,
+            pods.c.name.label("pod"),
+            audit_sm.c.sm_active_seconds,
+            audit_sm.c.sm_busy_seconds,
+        )
+        .join(gpus, gpus.c.id == audit_sm.c.gpu_id)
+        .outerjoin(pods, pods.c.uid == audit_sm.c.pod_uid)
+        .where(audit_sm.c.run_id.in_(list(run_ids)))
+    )
+    cols = [
+        "gpu",
+        "node",
+        "pod_uid",
+        "team",
+        "namespace",
+        "job",
+        "pod",
+        "sm_active_seconds",
+        "sm_busy_seconds",
+    ]
+    df = pd.DataFrame.from_records(conn.execute(stmt).all(), columns=cols)
+    for c in ("sm_active_seconds", "sm_busy_seconds"):
+        df[c] = df[c].astype("float64")
+    return df
+
+
+def _replace(conn: Connection, table: Any, rows: Sequence[Mapping[str, Any]]) -> None:
+    keys = sorted({(r["pod_uid"], r["metric"], r["start_ms"]) for r in rows})
+    for i in range(0, len(keys), _DELETE_CHUNK):
+        part = keys[i : i + _DELETE_CHUNK]
+        conn.execute(
+            delete(table).where(
+                or_(
+                    *(
+                        and_(table.c.pod_uid == p, table.c.metric == m, table.c.start_ms == s)
+                        for p, m, s in part
+                    )
+                )
+            )
+        )
+    for i in range(0, len(rows), 5000):
+        conn.execute(insert(table), list(rows[i : i + 5000]))
+
+
+def write_outputs(conn: Connection, rows: Sequence[Mapping[str, Any]]) -> int:
+    """Store output rows (pod_uid, metric, start_ms, end_ms, outputs, unit, source, quality,
+    quality_better), replacing the stored rows of the same pod, metric and start."""
+    if rows:
+        _replace(conn, outputs, rows)
+    return len(rows)
+
+
+def write_latency(conn: Connection, rows: Sequence[Mapping[str, Any]]) -> int:
+    """Store latency bucket rows (pod_uid, metric, start_ms, end_ms, le, count), replacing
+    every stored bucket of the same pod, metric and start."""
+    if rows:
+        _replace(conn, latency_buckets, rows)
+    return len(rows)
+
+
+_POD_COLS = ("team", "namespace", "job", "name", "gpu_count")
+
+
+def read_outputs(conn: Connection, *, window: tuple[int, int]) -> pd.DataFrame:
+    """Output rows overlapping `[start, end)`, with the pod's team, namespace, job, name."""
+    stmt = (
+        select(
+            outputs.c.pod_uid,
+            outputs.c.metric,
+            outputs.c.start_ms,
+            outputs.c.end_ms,
+            outputs.c.outputs,
+            outputs.c.unit,
+            outputs.c.source,
+            outputs.c.quality,
+            outputs.c.quality_better,
+            *(pods.c[c] for c in _POD_COLS),
+        )
+        .join(pods, pods.c.uid == outputs.c.pod_uid)
+        .where(outputs.c.start_ms < window[1], outputs.c.end_ms > window[0])
+    )
+    cols = [
+        "pod_uid",
+        "metric",
+        "start_ms",
+        "end_ms",
+        "outputs",
+        "unit",
+        "source",
+        "quality",
+        "quality_better",
+        "team",
+        "namespace",
+        "job",
+        "pod",
+        "gpu_count",
+    ]
+    df = pd.DataFrame.from_records(conn.execute(stmt).all(), columns=cols)
+    df["outputs"] = df["outputs"].astype("float64")
+    df["quality"] = pd.to_numeric(df["quality"], errors="coerce").astype("float64")
+    return df
+
+
+def read_latency(
+    conn: Connection, *, window: tuple[int, int], pod_uids: Sequence[str]
+) -> pd.DataFrame:
+    """Latency bucket rows of these pods overlapping `[start, end)`."""
+    cols = ["pod_uid", "metric", "start_ms", "end_ms", "le", "count"]
+    if not pod_uids:
+        return pd.DataFrame(columns=cols)
+    rows: list[Any] = []
+    uids = sorted(set(pod_uids))
+    for i in range(0, len(uids), _DELETE_CHUNK):
+        stmt = select(*(latency_buckets.c[c] for c in cols)).where(
+            latency_buckets.c.pod_uid.in_(uids[i : i + _DELETE_CHUNK]),
+            latency_buckets.c.start_ms < window[1],
+            latency_buckets.c.end_ms > window[0],
+        )
+        rows += conn.execute(stmt).all()
+    df = pd.DataFrame.from_records(rows, columns=cols)
+    df["le"] = df["le"].astype("float64")
+    df["count"] = df["count"].astype("float64")
+    return df
+
+
+def pods_by_name(
+    conn: Connection, names: Sequence[tuple[str, str]]
+) -> dict[tuple[str, str], list[tuple[str, int | None, int | None]]]:
+    """(namespace, pod name) -> [(uid, bound_ms, end_ms)] of the pods stored under it (a
+    name is reused by a StatefulSet's next pod, so several)."""
+    from auditor.store.schema import pods as p
+
+    out: dict[tuple[str, str], list[tuple[str, int | None, int | None]]] = {}
+    wanted = sorted(set(names))
+    for i in range(0, len(wanted), _DELETE_CHUNK):
+        stmt = select(
+            p.c.namespace, p.c.name, p.c.uid, p.c.bound_ms, p.c.finished_ms, p.c.deleted_ms
+        ).where(tuple_(p.c.namespace, p.c.name).in_(wanted[i : i + _DELETE_CHUNK]))
+        for ns, name, uid, bound, finished, deleted in conn.execute(stmt):
+            ends = [t for t in (finished, deleted) if t is not None]
+            out.setdefault((ns, name), []).append((uid, bound, min(ends) if ends else None))
+    return out
+
+
+def pods_of_jobs(
+    conn: Connection, jobs: Sequence[tuple[str, str]]
+) -> dict[tuple[str, str], list[tuple[str, int | None, int | None]]]:
+    """(namespace, job `Kind/name`) -> [(uid, bound_ms, end_ms)] of its pods."""
+    out: dict[tuple[str, str], list[tuple[str, int | None, int | None]]] = {}
+    wanted = sorted(set(jobs))
+    for i in range(0, len(wanted), _DELETE_CHUNK):
+        stmt = select(
+            pods.c.namespace,
+            pods.c.job,
+            pods.c.uid,
+            pods.c.bound_ms,
+            pods.c.finished_ms,
+            pods.c.deleted_ms,
+        ).where(tuple_(pods.c.namespace, pods.c.job).in_(wanted[i : i + _DELETE_CHUNK]))
+        for ns, job, uid, bound, finished, deleted in conn.execute(stmt):
+            ends = [t for t in (finished, deleted) if t is not None]
+            out.setdefault((ns, job), []).append((uid, bound, min(ends) if ends else None))
+    return out
+
+
+def overlap_share(rows: pd.DataFrame, *, window: tuple[int, int]) -> np.ndarray:
+    """The part of each row's interval `[start_ms, end_ms)` inside the window (0-1)."""
+    start = rows["start_ms"].to_numpy(dtype=np.float64)
+    end = rows["end_ms"].to_numpy(dtype=np.float64)
+    inside = np.clip(np.minimum(end, window[1]) - np.maximum(start, window[0]), 0, None)
+    span = np.maximum(end - start, 1.0)
+    return np.asarray(inside / span, dtype=np.float64)
