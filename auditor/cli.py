@@ -899,6 +899,25 @@ def sample(
             "--passes", min=1, help="Stop after this many passes (default: run until stopped)."
         ),
     ] = None,
+    process_util: Annotated[
+        bool,
+        typer.Option(
+            "--process-util",
+            envvar="AUDITOR_PROCESS_UTIL",
+            show_envvar=True,
+            help="Record each pod's own utilisation of shared cards from NVML's per-process "
+            "utilisation (needs hostPID: true and the host's /proc).",
+        ),
+    ] = False,
+    proc_root: Annotated[
+        Path,
+        typer.Option(
+            "--proc-root",
+            envvar="AUDITOR_PROC_ROOT",
+            show_envvar=True,
+            help="The host's /proc, where --process-util finds each process's pod.",
+        ),
+    ] = Path("/proc"),
     log_format: LogFormatOption = LogFormat.TEXT,
 ) -> None:
     """Sample this node's GPUs through NVML and record which pod holds each (the DaemonSet)."""
@@ -917,6 +936,7 @@ def sample(
             metrics_host=metrics_host,
             metrics_port=None if metrics_port < 0 else metrics_port,
             max_passes=passes,
+            proc_root=proc_root if process_util else None,
             json_logs=log_format is LogFormat.JSON,
         )
         jobs.sample(state.db_url, options, log=lambda m: typer.echo(m, err=True))

@@ -65,6 +65,15 @@ class InputError(AuditorError):
         return f"{where}{field}{message}"
 
 
+class PodFieldError(InputError):
+    """A field of a Kubernetes object that cannot be read. `value` is what the field held, so
+    that a reader of a file can point at its line; `field` is relative to the object."""
+
+    def __init__(self, message: str, *, field: str, value: object = None) -> None:
+        super().__init__(message, field=field)
+        self.value = value
+
+
 class ConfigError(InputError):
     """A configuration file or option that cannot be used."""
 

@@ -36,6 +36,8 @@ GPU_MODEL_MAX = 128
 THROTTLE_MAX = 64
 UTIL_SOURCE_MAX = 64
 """The metric or reader a GPU's utilisation came from (`DCGM_FI_PROF_GR_ENGINE_ACTIVE`, `nvml`)."""
+SHARE_TEXT_MAX = 32
+"""A pod's share kind (`runai-reservation`) or a MIG profile (`1c.3g.40gb`)."""
 METRIC_MAX = 200
 """A Prometheus metric name an output or latency was read from (`vllm:generation_tokens_total`)."""
 UNIT_MAX = 64

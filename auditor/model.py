@@ -66,6 +66,8 @@ class GpuRecord:
     util_source: str | None = None
     """Where its utilisation came from: `DCGM_FI_DEV_GPU_UTIL`, `DCGM_FI_PROF_GR_ENGINE_ACTIVE`
     (MIG instances have only that), `nvml`, `nvidia-smi`; None where not said."""
+    mig_profile: str | None = None
+    """A MIG instance's profile (`1g.10gb`, `3g.40gb`, `1c.3g.40gb`); None for a whole card."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,12 +89,46 @@ class GpuSample:
 
 
 @dataclass(frozen=True, slots=True)
+class TenantSample:
+    """One pod's utilisation of one physical card at one instant: percent of the WHOLE card,
+    summed over the pod's processes (NVML process utilisation, dcgm per-process fields)."""
+
+    gpu_uuid: str
+    pod_uid: str
+    ts_ms: int
+    util: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class ExactAssignment:
+    """A card a source names for a pod without reading the card itself (HAMi's
+    `hami.io/vgpu-devices-allocated`): the pod's node, the time it held the card, and the
+    exact share (cores / 100) or, without one, the memory it holds there (MiB)."""
+
+    pod_uid: str
+    node: str
+    gpu_uuid: str
+    first_ms: int
+    last_ms: int
+    share: float | None
+    mem_mib: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class PodRecord:
     """A pod that requests GPUs, with what is known of its tenure.
 
     `job` is `Kind/name` of the workload the pod belongs to; `gang` is the key of the set of
     cards the straggler and job-wide-gap rules compare (SPEC §2.2): the job for distributed
     training, the pod itself otherwise.
+
+    Shares (SPEC §7): `gpu_count` is the cards or units held (whole cards, time-slicing
+    replicas, MIG instances, HAMi vGPUs; 1 for a Run:ai fraction, ceil(milli/1000) for
+    gpu-milli, 0 for a Run:ai reservation pod). `share_kind` says how the pod asks for a
+    share ("mig", "hami", "runai", "milli", "runai-reservation"; None for whole cards and
+    time-slicing, which the node's labels tell); `gpu_share` the share of one card asked
+    for, `gpu_mem_mib` the GPU memory asked per card, `gpu_mem_share` HAMi's memory
+    percentage / 100, where the request says them.
     """
 
     uid: str
@@ -116,6 +152,10 @@ class PodRecord:
     resource_version: str | None = None
     labels: Mapping[str, str] = field(default_factory=dict)
     annotations: Mapping[str, str] = field(default_factory=dict)
+    share_kind: str | None = None
+    gpu_share: float | None = None
+    gpu_mem_mib: float | None = None
+    gpu_mem_share: float | None = None
 
     @property
     def released_ms(self) -> int | None:
@@ -126,36 +166,47 @@ class PodRecord:
 
 @dataclass(frozen=True, slots=True)
 class Holding:
-    """A pod seen holding a GPU from `first_ms` to `last_ms` (pod-resources, by name)."""
+    """A pod seen holding a GPU from `first_ms` to `last_ms` (pod-resources, by name);
+    `replicas`: how many time-slicing device IDs (`GPU-…::j`) of the card it holds, None for
+    a card not handed out in replicas."""
 
     namespace: str
     pod: str
     gpu_uuid: str
     first_ms: int
     last_ms: int
+    replicas: int | None = None
 
 
 def merge_holdings(holdings: Iterable[Holding]) -> list[Holding]:
-    """One span per (namespace, pod, GPU), widened over every observation."""
+    """One span per (namespace, pod, GPU), widened over every observation; the replicas the
+    most of any observation (a pod's share of a card does not shrink while it runs)."""
     spans: dict[tuple[str, str, str], Holding] = {}
     for h in holdings:
         key = (h.namespace, h.pod, h.gpu_uuid)
         old = spans.get(key)
-        spans[key] = (
-            h
-            if old is None
-            else Holding(*key, min(old.first_ms, h.first_ms), max(old.last_ms, h.last_ms))
+        if old is None:
+            spans[key] = h
+            continue
+        counts = [r for r in (old.replicas, h.replicas) if r is not None]
+        spans[key] = Holding(
+            *key,
+            min(old.first_ms, h.first_ms),
+            max(old.last_ms, h.last_ms),
+            max(counts) if counts else None,
         )
     return list(spans.values())
 
 
 @dataclass(frozen=True, slots=True)
 class Batch:
-    """One sampler pass: the GPUs, their samples, and who held them."""
+    """One sampler pass: the GPUs, their samples, who held them, and each pod's own
+    utilisation of the cards (per-process utilisation, when on)."""
 
     gpus: tuple[GpuRecord, ...]
     samples: tuple[GpuSample, ...]
     holdings: tuple[Holding, ...]
+    tenants: tuple[TenantSample, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -119,6 +119,22 @@ class TeamRules:
     """Namespace -> team, used before falling back to the namespace itself."""
 
 
+SHARE_KINDS = ("whole", "mig", "hami", "milli")
+"""What an extra GPU resource name counts: whole cards (or time-slicing replicas), MIG
+instances, HAMi vGPUs, or thousandths of a card."""
+
+
+@dataclass(frozen=True, slots=True)
+class Sharing:
+    """Extra names a cluster uses for shared GPUs (SPEC §7), beside the well-known ones."""
+
+    resources: dict[str, str] = field(default_factory=dict)
+    """Container resource name -> what it counts (one of `SHARE_KINDS`)."""
+    fraction_annotations: tuple[str, ...] = ()
+    """Pod annotations holding the fraction of one card a pod asks for, like Run:ai's
+    `gpu-fraction`."""
+
+
 @dataclass(frozen=True, slots=True)
 class Prices:
     """GPU price per hour by GPU model (the model name as nvidia-smi/NVML print it)."""
@@ -151,6 +167,7 @@ class Config:
     cost_centres: dict[str, str] = field(default_factory=dict)
     """Team -> cost centre, for the finance export."""
     retention: Retention = field(default_factory=Retention)
+    sharing: Sharing = field(default_factory=Sharing)
 
 
 def default_db_url(cwd: Path | None = None) -> str:
@@ -195,7 +212,10 @@ def load_config(path: Path | None) -> Config:
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"not valid TOML: {e}", file=name) from e
     _known(
-        raw, {"currency", "thresholds", "teams", "prices", "cost_centres", "retention"}, name, ""
+        raw,
+        {"currency", "thresholds", "teams", "prices", "cost_centres", "retention", "sharing"},
+        name,
+        "",
     )
     thresholds = Thresholds().updated(_table(raw, "thresholds", name), source=name)
     teams_raw = _table(raw, "teams", name)
@@ -232,7 +252,26 @@ def load_config(path: Path | None) -> Config:
         prices=Prices(default=default_price, by_model=by_model, currency=currency),
         cost_centres=_text_map(raw.get("cost_centres", {}), name, "cost_centres"),
         retention=Retention(raw_days=float(raw_days)),
+        sharing=_sharing(_table(raw, "sharing", name), name),
     )
+
+
+def _sharing(table: dict[str, Any], name: str) -> Sharing:
+    _known(table, {"resources", "fraction_annotations"}, name, "sharing.")
+    resources = _text_map(table.get("resources", {}), name, "sharing.resources")
+    for res, kind in resources.items():
+        if kind not in SHARE_KINDS:
+            raise ConfigError(
+                f"must be one of {', '.join(SHARE_KINDS)}, not {kind!r}",
+                file=name,
+                field=f"sharing.resources.{res}",
+            )
+    annotations = table.get("fraction_annotations", [])
+    if not isinstance(annotations, list) or not all(isinstance(a, str) and a for a in annotations):
+        raise ConfigError(
+            "must be a list of annotation names", file=name, field="sharing.fraction_annotations"
+        )
+    return Sharing(resources=resources, fraction_annotations=tuple(annotations))
 
 
 def _non_negative(value: Any) -> bool:

@@ -40,6 +40,7 @@ class Card:
     hostname: str
     model: str = "NVIDIA H100 80GB HBM3"
     mig_instance: int | None = None
+    mig_profile: str = "1g.10gb"
     holders: Sequence[tuple[int, int, str, str]] = field(default_factory=tuple)
     profiling: bool = False
     extra: Mapping[str, str] = field(default_factory=dict)
@@ -70,7 +71,7 @@ class Card:
             *(f'{k}="{v}"' for k, v in self.extra.items()),
         ]
         if self.mig_instance is not None:
-            parts += [f'GPU_I_ID="{self.mig_instance}"', 'GPU_I_PROFILE="1g.10gb"']
+            parts += [f'GPU_I_ID="{self.mig_instance}"', f'GPU_I_PROFILE="{self.mig_profile}"']
         for start, end, namespace, pod in self.holders:
             if start <= t < end:
                 parts += ['container="main"', f'namespace="{namespace}"', f'pod="{pod}"']

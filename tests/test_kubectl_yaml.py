@@ -227,7 +227,8 @@ def test_nodes_alone_in_a_node_list_or_with_pods(tmp_path: Path, shape: str) -> 
     assert [r["name"] for r in rows] == ["gpu-a", "gpu-b"]
     first = rows[0]
     assert first["gpu_model"] == "NVIDIA-A100-SXM4-80GB"
-    assert (first["gpu_capacity"], first["gpu_allocatable"]) == (6, 6)  # cards and MIG
+    # 4 time-slicing replicas of one card (replicas=4), and 2 MIG instances
+    assert (first["gpu_capacity"], first["gpu_allocatable"]) == (3, 3)
     assert {k: first["labels"][k] for k in SHARED} == SHARED
     assert len(rows[1]["gpu_model"]) == 128  # fitted to the column, not refused
     assert len(records) == (3 if shape.startswith("mixed") else 2)

@@ -140,9 +140,9 @@ def test_mig_instances_are_gpus_of_their_own_without_utilisation(script: Path) -
     }
     parent = {**H100, "uuid": "GPU-a100", "mig_max": 7}
     reading = reader_for(script, render_script([parent], migs=migs), Clock(T0)).read()
-    assert [(g.uuid, g.parent_uuid, g.memory_total_mib) for g in reading.gpus] == [
-        ("MIG-1111", "GPU-a100", 9984.0),
-        ("MIG-2222", "GPU-a100", 40192.0),
+    assert [(g.uuid, g.parent_uuid, g.memory_total_mib, g.mig_profile) for g in reading.gpus] == [
+        ("MIG-1111", "GPU-a100", 9984.0, "1g.10gb"),
+        ("MIG-2222", "GPU-a100", 40192.0, "3g.40gb"),
     ]
     assert [s.util for s in reading.samples] == [None, None]  # NVML: not supported on MIG
     assert reading.samples[0].memory_used_mib == 12.0

@@ -107,10 +107,11 @@ def test_holders_become_holdings_by_uuid_replica_or_index() -> None:
     reading = _Reading((GpuRecord("GPU-aaaa", "n", 0), GpuRecord("GPU-bbbb", "n", 1)))
     holders = [
         DeviceHolder("ml", "a", "c", "nvidia.com/gpu", "GPU-aaaa::2"),  # time-slicing replica
+        DeviceHolder("ml", "a", "d", "nvidia.com/gpu", "GPU-aaaa::5"),  # another, same card
         DeviceHolder("ml", "b", "c", "nvidia.com/gpu", "1"),  # device plugin index strategy
         DeviceHolder("ml", "c", "c", "nvidia.com/gpu", "GPU-gone"),  # not read this pass
     ]
     assert holdings(reading, holders) == (
-        Holding("ml", "a", "GPU-aaaa", 1_000, 1_000),
-        Holding("ml", "b", "GPU-bbbb", 1_000, 1_000),
+        Holding("ml", "a", "GPU-aaaa", 1_000, 1_000, replicas=2),
+        Holding("ml", "b", "GPU-bbbb", 1_000, 1_000),  # a whole card: no replicas
     )

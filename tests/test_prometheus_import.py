@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from fakeprom import Reply, card, fake_prometheus, matrix
 from promserver import Card, Plain, PromServer, backfill, binaries, start_prometheus
@@ -26,7 +27,7 @@ from auditor.cli import app
 from auditor.errors import InputError
 from auditor.jobs import import_prometheus, open_store
 from auditor.model import GpuRecord, PodRecord
-from auditor.store import migrate
+from auditor.store import migrate, reads
 from auditor.store.engine import make_engine
 from auditor.store.schema import gpu_assignments, gpu_samples, gpus
 from auditor.store.writes import upsert_gpus, upsert_pods
@@ -117,6 +118,7 @@ def test_a_backfilled_week_round_trips(prometheus: PromServer, store: str) -> No
         assert cards["GPU-0000"].model == "NVIDIA H100 80GB HBM3"
         assert cards["GPU-0000"].memory_total_mib == 81000.0
         assert cards["GPU-3333/gi2"].parent_uuid == "GPU-3333"
+        assert cards["GPU-3333/gi2"].mig_profile == "1g.10gb"
         rows = conn.execute(
             select(gpus.c.uuid, gpu_samples.c.ts_ms, gpu_samples.c.util, gpu_samples.c.sm_active)
             .join(gpus, gpus.c.id == gpu_samples.c.gpu_id)
@@ -254,6 +256,7 @@ WORLD = [
         1,
         "",
         mig_instance=3,
+        mig_profile="3g.40gb",
         hostnames=[(C[0], C[1], "gpu-host-7")],
         only=frozenset({GR_ENGINE}),
     ),
@@ -397,6 +400,16 @@ def test_without_label_or_kube_pod_info_the_node_is_hostname_and_the_summary_say
         "run with host networking these are pod names; see --node-label); utilisation of "
         f"1 GPU from {GR_ENGINE} (MIG instances)"
     )
+
+
+def test_a_mig_instance_names_its_card_and_profile(world: PromServer, migrated: str) -> None:
+    """SPEC §7: a MIG instance is a share of its physical card; GPU_I_PROFILE says which."""
+    cli_import(migrated, world.url, C)
+    with open_store(migrated).connect() as conn:
+        cards = reads.read_gpus(conn).set_index("uuid")
+    assert cards.loc["GPU-H1/gi3", "parent_uuid"] == "GPU-H1"
+    assert cards.loc["GPU-H1/gi3", "mig_profile"] == "3g.40gb"
+    assert pd.isna(cards.loc["GPU-H0", "mig_profile"])
 
 
 def test_a_mig_instance_with_only_gr_engine_active_is_41_percent_and_reported(

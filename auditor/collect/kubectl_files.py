@@ -15,7 +15,7 @@ from pathlib import Path
 
 from auditor.collect.kubectl_json import KubectlRecord, check_file, read_kubectl_json
 from auditor.errors import InputError
-from auditor.settings import TeamRules
+from auditor.settings import Sharing, TeamRules
 
 YAML_SUFFIXES = frozenset({".yaml", ".yml"})
 _PROBE_BYTES = 1 << 16
@@ -28,6 +28,7 @@ def read_kubectl(
     teams: TeamRules,
     node_ms: int | None = None,
     on_progress: Callable[[int], None] | None = None,
+    sharing: Sharing | None = None,
 ) -> Iterator[KubectlRecord]:
     """Every GPU pod observation and node of a kubectl JSON or YAML file, in file order.
 
@@ -41,8 +42,12 @@ def read_kubectl(
     if yaml:
         from auditor.collect.kubectl_yaml import read_kubectl_yaml
 
-        return read_kubectl_yaml(path, teams=teams, node_ms=seen_ms, on_progress=on_progress)
-    return read_kubectl_json(path, teams=teams, node_ms=seen_ms, on_progress=on_progress)
+        return read_kubectl_yaml(
+            path, teams=teams, node_ms=seen_ms, on_progress=on_progress, sharing=sharing
+        )
+    return read_kubectl_json(
+        path, teams=teams, node_ms=seen_ms, on_progress=on_progress, sharing=sharing
+    )
 
 
 def is_yaml(path: Path) -> bool:

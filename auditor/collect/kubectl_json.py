@@ -34,10 +34,10 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from auditor.collect.nodes import node_row
-from auditor.collect.workloads import PodFieldError, pod_record
-from auditor.errors import InputError, shown
+from auditor.collect.workloads import pod_record
+from auditor.errors import InputError, PodFieldError, shown
 from auditor.model import PodRecord
-from auditor.settings import TeamRules
+from auditor.settings import Sharing, TeamRules
 
 LIST_KINDS = frozenset({"List", "PodList", "NodeList"})
 OBJECT_KINDS = frozenset({"Pod", "Node"})
@@ -56,6 +56,7 @@ def read_kubectl_json(
     node_ms: int,
     on_progress: Callable[[int], None] | None = None,
     chunk_chars: int = CHUNK_CHARS,
+    sharing: Sharing | None = None,
 ) -> Iterator[KubectlRecord]:
     """Every GPU pod observation and every node in the file at `path`, in file order.
 
@@ -72,6 +73,7 @@ def read_kubectl_json(
         node_ms=node_ms,
         on_progress=on_progress,
         chunk_chars=max(1, chunk_chars),
+        sharing=sharing,
     )
 
 
@@ -100,12 +102,18 @@ def check_file(path: Path) -> str:
 
 
 def to_record(
-    obj: dict[str, Any], *, kind: str, teams: TeamRules, deleted: bool, node_ms: int
+    obj: dict[str, Any],
+    *,
+    kind: str,
+    teams: TeamRules,
+    deleted: bool,
+    node_ms: int,
+    sharing: Sharing | None = None,
 ) -> KubectlRecord | None:
     """The record of one Pod or Node object; `PodFieldError` for a field it cannot read."""
     if kind == "Node":
         return node_row(obj, at_ms=node_ms)
-    return pod_record(obj, teams=teams, deleted=deleted)
+    return pod_record(obj, teams=teams, deleted=deleted, sharing=sharing)
 
 
 def _records(
@@ -116,6 +124,7 @@ def _records(
     node_ms: int,
     on_progress: Callable[[int], None] | None,
     chunk_chars: int,
+    sharing: Sharing | None = None,
 ) -> Iterator[KubectlRecord]:
     try:
         raw = path.open("rb")
@@ -128,7 +137,12 @@ def _records(
         for found in _pod_objects(text):
             try:
                 record = to_record(
-                    found.pod, kind=found.kind, teams=teams, deleted=found.deleted, node_ms=node_ms
+                    found.pod,
+                    kind=found.kind,
+                    teams=teams,
+                    deleted=found.deleted,
+                    node_ms=node_ms,
+                    sharing=sharing,
                 )
             except PodFieldError as e:
                 field = f"{found.prefix}.{e.field}" if found.prefix else e.field

@@ -46,9 +46,8 @@ from auditor.collect.kubectl_json import (
     to_record,
     watch_error,
 )
-from auditor.collect.workloads import PodFieldError
-from auditor.errors import InputError, shown
-from auditor.settings import TeamRules
+from auditor.errors import InputError, PodFieldError, shown
+from auditor.settings import Sharing, TeamRules
 
 Loader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 """libyaml's parser where PyYAML was built with it (about ten times faster), else Python's."""
@@ -72,6 +71,7 @@ def read_kubectl_yaml(
     teams: TeamRules,
     node_ms: int,
     on_progress: Callable[[int], None] | None = None,
+    sharing: Sharing | None = None,
 ) -> Iterator[KubectlRecord]:
     """Every GPU pod observation and every node in the YAML file at `path`, in file order.
 
@@ -80,7 +80,9 @@ def read_kubectl_yaml(
     iterating for bad content.
     """
     name = check_file(path)
-    return _records(path, name=name, teams=teams, node_ms=node_ms, on_progress=on_progress)
+    return _records(
+        path, name=name, teams=teams, node_ms=node_ms, on_progress=on_progress, sharing=sharing
+    )
 
 
 def _records(
@@ -90,6 +92,7 @@ def _records(
     teams: TeamRules,
     node_ms: int,
     on_progress: Callable[[int], None] | None,
+    sharing: Sharing | None = None,
 ) -> Iterator[KubectlRecord]:
     try:
         raw = path.open("rb")
@@ -102,7 +105,12 @@ def _records(
                 on_progress(raw.tell())
             try:
                 record = to_record(
-                    found.obj, kind=found.kind, teams=teams, deleted=found.deleted, node_ms=node_ms
+                    found.obj,
+                    kind=found.kind,
+                    teams=teams,
+                    deleted=found.deleted,
+                    node_ms=node_ms,
+                    sharing=sharing,
                 )
             except PodFieldError as e:
                 raise _field_error(found, e, name=name) from e

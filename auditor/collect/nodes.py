@@ -1,10 +1,15 @@
 """One node, as the Kubernetes API writes it in JSON, into a `nodes` row. Pure functions.
 
 The GPU model comes from the first label that names it: NVIDIA's GPU feature discovery
-(`nvidia.com/gpu.product`), else the cloud providers' accelerator labels. The GPU count is
-the sum of `nvidia.com/gpu` and every `nvidia.com/mig-*` resource, in capacity and in
-allocatable. A node is unschedulable when cordoned (`spec.unschedulable`) or tainted
-`node.kubernetes.io/unschedulable`.
+(`nvidia.com/gpu.product`), else the cloud providers' accelerator labels. The GPU count, in
+capacity and in allocatable, is of physical cards wherever the node says how many it has:
+Alibaba's `alibabacloud.com/gpu-count`; on a shared node (time-slicing replicas, HAMi's
+`nvidia.com/vgpu`, gpu-milli) GPU feature discovery's `nvidia.com/gpu.count` label, else
+the cards HAMi registers in the node annotation `hami.io/node-nvidia-register`, else
+the shared units turned back into cards (`nvidia.com/gpu` or `nvidia.com/gpu.shared` over
+`nvidia.com/gpu.replicas`, `alibabacloud.com/gpu-milli` over 1000). Otherwise it is the sum of
+`nvidia.com/gpu` and every `nvidia.com/mig-*` resource, as before. A node is unschedulable
+when cordoned (`spec.unschedulable`) or tainted `node.kubernetes.io/unschedulable`.
 
 The node's labels are kept whole (string values only), so the sharing labels of SPEC §7
 (`nvidia.com/gpu.replicas`, `nvidia.com/gpu.sharing-strategy`, `nvidia.com/mig.config`)
@@ -19,12 +24,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from auditor import limits
-from auditor.collect.workloads import PodFieldError, is_gpu_resource
+from auditor.collect.shares import HAMI_VGPU, MIG_PREFIX, MILLI, WHOLE_RESOURCES
+from auditor.errors import PodFieldError
 
 GPU_MODEL_LABELS = (
     "nvidia.com/gpu.product",
     "cloud.google.com/gke-accelerator",
     "k8s.amazonaws.com/accelerator",
+    "alibabacloud.com/gpu-card-model",
     "accelerator",
 )
 """Labels that name a node's GPU model, most specific first."""
@@ -49,13 +56,14 @@ def node_row(node: Mapping[str, Any], *, at_ms: int) -> dict[str, Any]:
     if len(name) > limits.NAME_MAX or not limits.is_clean(name):
         raise PodFieldError("not a node name", field="metadata.name", value=name)
     labels = {k: v for k, v in _obj(meta, "labels").items() if isinstance(v, str)}
+    annotations = {k: v for k, v in _obj(meta, "annotations").items() if isinstance(v, str)}
     rv = meta.get("resourceVersion")
     model = gpu_model(labels)
     return {
         "name": name,
         "gpu_model": None if model is None else limits.fit_text(model, limits.GPU_MODEL_MAX),
-        "gpu_capacity": gpu_count(_obj(status, "capacity")),
-        "gpu_allocatable": gpu_count(_obj(status, "allocatable")),
+        "gpu_capacity": gpu_count(_obj(status, "capacity"), labels, annotations),
+        "gpu_allocatable": gpu_count(_obj(status, "allocatable"), labels, annotations),
         "unschedulable": is_unschedulable(spec),
         "labels": labels,
         "resource_version": rv if isinstance(rv, str) and len(rv) <= limits.VERSION_MAX else None,
@@ -71,14 +79,47 @@ def gpu_model(labels: Mapping[str, str]) -> str | None:
     return None
 
 
-def gpu_count(resources: Mapping[str, Any]) -> int:
-    """GPUs in a capacity/allocatable map; a quantity that is not a whole number counts 0."""
+GPU_COUNT_RESOURCE = "alibabacloud.com/gpu-count"
+GFD_COUNT_LABEL = "nvidia.com/gpu.count"
+REPLICAS_LABEL = "nvidia.com/gpu.replicas"
+
+
+HAMI_REGISTER = "hami.io/node-nvidia-register"
+
+
+def gpu_count(
+    resources: Mapping[str, Any],
+    labels: Mapping[str, str] | None = None,
+    annotations: Mapping[str, str] | None = None,
+) -> int:
+    """Physical GPUs in a capacity/allocatable map (the module says how); a quantity that is
+    not a whole number counts 0."""
+    labels = labels or {}
+    registered = (annotations or {}).get(HAMI_REGISTER, "")
+    units = {name: _whole(qty) for name, qty in resources.items()}
+    if units.get(GPU_COUNT_RESOURCE):
+        return units[GPU_COUNT_RESOURCE]
+    replicas = _whole(labels.get(REPLICAS_LABEL, "1")) or 1
+    shared = replicas > 1 or any(units.get(n) for n in (HAMI_VGPU, MILLI, "nvidia.com/gpu.shared"))
+    if shared and _whole(labels.get(GFD_COUNT_LABEL, "")):
+        return _whole(labels[GFD_COUNT_LABEL])
+    cards = [d for d in registered.split(":") if d.strip().startswith("GPU-")]
+    if cards and (shared or units.get("nvidia.com/gpu")):
+        return len(cards)
     total = 0
-    for name, qty in resources.items():
-        if is_gpu_resource(name):
-            text = str(qty).strip()
-            total += int(text) if text.isdigit() else 0
+    for name, n in units.items():
+        if name in WHOLE_RESOURCES:
+            total += n // replicas
+        elif name.startswith(MIG_PREFIX):
+            total += n
+        elif name == MILLI:
+            total += n // 1000
     return total
+
+
+def _whole(qty: object) -> int:
+    text = str(qty).strip()
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 12 else 0
 
 
 def is_unschedulable(spec: Mapping[str, Any]) -> bool:

@@ -5,7 +5,8 @@ chunks of at most `max_points` points per series (Prometheus refuses more than 1
 the series of one GPU are joined by timestamp into `GpuSample`s.
 
 Labels are dcgm-exporter's: `UUID` (with `GPU_I_ID` for a MIG instance, which becomes the
-GPU `UUID/gi<ID>` with the card as its parent), `Hostname` (else `instance`) as the node,
+GPU `UUID/gi<ID>` with the card as its parent and `GPU_I_PROFILE` as its MIG profile, SPEC
+§7), `Hostname` (else `instance`) as the node,
 `gpu` as the index, `modelName`; and `namespace`, `pod` of the pod holding the card, an
 exact GPU -> pod mapping. Prometheus drops empty labels, so a series without `pod` is a
 card no pod held.
@@ -37,6 +38,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from auditor import limits
 from auditor.errors import GpuConflictError, InputError
 from auditor.model import GpuRecord, GpuSample, Holding
 from auditor.redact import redact, remember
@@ -438,7 +440,16 @@ def _gpu(labels: Mapping[str, str], node: str) -> GpuRecord:
     index = labels.get("gpu")
     instance = labels.get("GPU_I_ID")
     if instance:
-        return GpuRecord(f"{uuid}/gi{instance}", node, None, labels.get("modelName"), None, uuid)
+        profile = labels.get("GPU_I_PROFILE")
+        return GpuRecord(
+            f"{uuid}/gi{instance}",
+            node,
+            None,
+            labels.get("modelName"),
+            None,
+            uuid,
+            mig_profile=profile if profile and len(profile) <= limits.SHARE_TEXT_MAX else None,
+        )
     return GpuRecord(
         uuid,
         node,

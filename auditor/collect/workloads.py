@@ -5,9 +5,11 @@ the kubectl-file reader and the live watcher share them. This module owns the ru
 say how many GPUs a pod holds, when it held them, and which team, job, rank and gang it
 belongs to.
 
-GPUs: the effective request of `nvidia.com/gpu` and every `nvidia.com/mig-*` resource, as
-the scheduler counts it: the larger of the app containers' sum (plus sidecars) and the
-peak of the init containers. A container's count is its limit, else its request.
+GPUs: the effective request of each GPU resource (`nvidia.com/gpu`, every
+`nvidia.com/mig-*`, and the shared-GPU names of `auditor.collect.shares`), as the scheduler
+counts it: the larger of the app containers' sum (plus sidecars) and the peak of the init
+containers. A container's count is its limit, else its request. `shares` turns these and
+the pod's annotations into the units held and the share of a card asked for (SPEC §7).
 
 Times: `created` is `metadata.creationTimestamp`; `bound` the `PodScheduled=True`
 condition (for a pod placed on a node without the scheduler, the earliest condition);
@@ -34,9 +36,10 @@ from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 from auditor import limits
-from auditor.errors import InputError, shown
+from auditor.collect import shares
+from auditor.errors import PodFieldError, shown
 from auditor.model import PodRecord, WorkloadKind
-from auditor.settings import TeamRules
+from auditor.settings import Sharing, TeamRules
 
 GPU_RESOURCE = "nvidia.com/gpu"
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
@@ -44,15 +47,6 @@ DROPPED_ANNOTATIONS = frozenset({"kubectl.kubernetes.io/last-applied-configurati
 """Annotations not kept on a record: a copy of the whole manifest, large and of no use here."""
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
-
-
-class PodFieldError(InputError):
-    """A pod field that cannot be read. `value` is what the field held, so that a reader of
-    a file can point at its line; `field` is relative to the pod object."""
-
-    def __init__(self, message: str, *, field: str, value: object = None) -> None:
-        super().__init__(message, field=field)
-        self.value = value
 
 
 # ---------------------------------------------------------------------------------------------
@@ -66,8 +60,10 @@ def pod_record(
     event_ms: int | None = None,
     deleted: bool = False,
     adjusted: list[str] | None = None,
+    sharing: Sharing | None = None,
 ) -> PodRecord | None:
-    """The record of one observation of `pod`, or None when the pod requests no GPU.
+    """The record of one observation of `pod`, or None when the pod holds no GPU (a Run:ai
+    reservation pod is kept, holding none: SPEC §7). `sharing`: the config's extra names.
 
     `deleted` says the observation is a watch `DELETED` event; `event_ms` is when the caller
     saw that event, used as the deletion time when the pod carries no `deletionTimestamp`.
@@ -87,12 +83,14 @@ def pod_record(
     name = _required_str(meta, "name", "metadata.name", limit=limits.NAME_MAX)
     namespace = _required_str(meta, "namespace", "metadata.namespace", limit=limits.NAME_MAX)
 
-    gpu_count, gpu_resource = gpu_request(spec)
-    if gpu_count == 0:
+    annotations = _str_map(meta, "annotations", "metadata.annotations")
+    ask = pod_gpu_ask(spec, namespace=namespace, annotations=annotations, sharing=sharing)
+    if ask.count == 0 and ask.share_kind != shares.KIND_RESERVATION:
         return None
+    shares.hami_devices(annotations)  # the cards it names must be readable
+    gpu_count, gpu_resource = ask.count, ask.resource
 
     labels = _str_map(meta, "labels", "metadata.labels")
-    annotations = _str_map(meta, "annotations", "metadata.annotations")
     phase = status.get("phase")
     if phase is not None and not isinstance(phase, str):
         raise PodFieldError(f"must be a string, got {type(phase).__name__}", field="status.phase")
@@ -155,6 +153,10 @@ def pod_record(
             for k, v in annotations.items()
             if k not in DROPPED_ANNOTATIONS
         },
+        share_kind=ask.share_kind,
+        gpu_share=ask.share,
+        gpu_mem_mib=ask.mem_mib,
+        gpu_mem_share=ask.mem_share,
     )
 
 
@@ -162,60 +164,71 @@ def pod_record(
 # GPUs
 
 
-def gpu_request(spec: Mapping[str, Any]) -> tuple[int, str]:
-    """(GPUs the pod holds, resource name) from a pod spec; (0, "nvidia.com/gpu") for none.
+def gpu_request(spec: Mapping[str, Any], sharing: Sharing | None = None) -> tuple[int, str]:
+    """(GPU units the pod's resources hold, resource name); (0, "nvidia.com/gpu") for none.
 
     Per resource, the effective request is the scheduler's: max(peak of init containers,
     sum of app containers), where sidecars (init containers with `restartPolicy: Always`)
     count alongside everything started after them. A pod asking for several GPU resources
     (two MIG profiles) reports their total and the names joined by commas.
     """
-    per_resource: dict[str, int] = {}
-    app = _container_requests(spec, "containers")
-    init = _container_requests(spec, "initContainers")
-    names = sorted({n for reqs, _ in (*app, *init) for n in reqs})
-    for res in names:
-        sidecars = 0
-        init_peak = 0
-        for reqs, always in init:
-            count = reqs.get(res, 0)
-            if always:
-                sidecars += count
-                init_peak = max(init_peak, sidecars)
-            else:
-                init_peak = max(init_peak, sidecars + count)
-        total = max(init_peak, sum(reqs.get(res, 0) for reqs, _ in app) + sidecars)
-        if total:
-            per_resource[res] = total
-    if not per_resource:
-        return 0, GPU_RESOURCE
-    return sum(per_resource.values()), ",".join(sorted(per_resource))
+    ask = pod_gpu_ask(spec, namespace="", annotations={}, sharing=sharing)
+    return ask.count, ask.resource
 
 
-def is_gpu_resource(name: str) -> bool:
-    return name == GPU_RESOURCE or name.startswith(MIG_RESOURCE_PREFIX)
+def pod_gpu_ask(
+    spec: Mapping[str, Any],
+    *,
+    namespace: str,
+    annotations: Mapping[str, str],
+    sharing: Sharing | None = None,
+) -> shares.GpuAsk:
+    """What the pod holds of GPUs and what share of a card it asks for (`shares.gpu_ask`)."""
+    app = _container_requests(spec, "containers", sharing)
+    init = _container_requests(spec, "initContainers", sharing)
+    counts = [(c, always) for c, _, always in app]
+    init_counts = [(c, always) for c, _, always in init]
+    per_device: dict[str, float] = {}
+    for _, values, _ in (*app, *init):
+        for name, value in values.items():
+            per_device[name] = max(per_device.get(name, 0.0), value)
+    totals = shares.container_totals(counts, init_counts)
+    return shares.gpu_ask(
+        totals, per_device, namespace=namespace, annotations=annotations, sharing=sharing
+    )
 
 
-def _container_requests(spec: Mapping[str, Any], key: str) -> list[tuple[dict[str, int], bool]]:
-    """Each container's GPU counts by resource, and whether it is a sidecar."""
+def _container_requests(
+    spec: Mapping[str, Any], key: str, sharing: Sharing | None
+) -> list[tuple[dict[str, float], dict[str, float], bool]]:
+    """Each container's GPU counts by resource, its HAMi per-vGPU values, and whether it is
+    a sidecar."""
     containers = spec.get(key)
     if containers is None:
         return []
     if not isinstance(containers, list):
         raise PodFieldError("must be a list of containers", field=f"spec.{key}")
-    out: list[tuple[dict[str, int], bool]] = []
+    out: list[tuple[dict[str, float], dict[str, float], bool]] = []
     for i, c in enumerate(containers):
         where = f"spec.{key}[{i}]"
         if not isinstance(c, Mapping):
             raise PodFieldError("a container must be a JSON object", field=where)
         resources = _obj(c, "resources", f"{where}.resources", required=False)
-        counts: dict[str, int] = {}
+        counts: dict[str, float] = {}
+        per_device: dict[str, float] = {}
         for section in ("requests", "limits"):  # limits win: read them last
             values = _obj(resources, section, f"{where}.resources.{section}", required=False)
             for res, qty in values.items():
-                if is_gpu_resource(res):
-                    counts[res] = _gpu_quantity(qty, f"{where}.resources.{section}.{res}")
-        out.append((counts, key == "initContainers" and c.get("restartPolicy") == "Always"))
+                field = f"{where}.resources.{section}.{res}"
+                if res in shares.PER_DEVICE_RESOURCES:
+                    per_device[res] = shares.per_device_value(res, qty, field)
+                elif res == shares.ALIYUN_MEM:
+                    counts[res] = shares.quantity(qty, field)
+                elif shares.is_count_resource(res, sharing):
+                    counts[res] = _gpu_quantity(qty, field)
+        out.append(
+            (counts, per_device, key == "initContainers" and c.get("restartPolicy") == "Always")
+        )
     return out
 
 

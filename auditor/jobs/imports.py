@@ -101,21 +101,25 @@ def import_pods(
     streams) in one transaction: all of it, or nothing on bad input. Nodes are stamped with
     the file's modification time (`auditor.collect.kubectl_files`)."""
     from auditor.collect.kubectl_files import read_kubectl
+    from auditor.collect.shares import hami_assignments
     from auditor.model import PodRecord
-    from auditor.store.writes import upsert_nodes, upsert_pods
+    from auditor.store.writes import upsert_exact_assignments, upsert_nodes, upsert_pods
 
     started = time.perf_counter()
     engine = open_store(url)
     rows = 0
     nodes: set[str] = set()
     with engine.begin() as conn:
-        records = read_kubectl(path, teams=config.teams, on_progress=progress)
+        records = read_kubectl(
+            path, teams=config.teams, on_progress=progress, sharing=config.sharing
+        )
         for batch in batched(records, BATCH_ROWS):
             pods = [r for r in batch if isinstance(r, PodRecord)]
             node_rows = [r for r in batch if not isinstance(r, PodRecord)]
             try:
                 upsert_pods(conn, pods)
                 upsert_nodes(conn, node_rows)
+                upsert_exact_assignments(conn, hami_assignments(pods), source="hami")
             except InputError as e:  # a row no column holds: name the file it came from
                 if e.file is not None:
                     raise

@@ -43,6 +43,9 @@ class SampleOptions:
     metrics_port: int | None = SAMPLE_METRICS_PORT
     max_passes: int | None = None
     """Stop after this many passes (tests, benchmarks); None: run until stopped."""
+    proc_root: Path | None = None
+    """The host's `/proc`, to read per-process GPU utilisation and put it in pods (SPEC §7;
+    needs `hostPID: true`); None: off."""
     json_logs: bool = False
     """Log one JSON object a line, as the watcher does with the same flag."""
 
@@ -66,7 +69,7 @@ def sample(url: str, options: SampleOptions, *, log: Callable[[str], None]) -> N
     from auditor.store.sample_sink import StoreSink
 
     setup_logging(json_format=options.json_logs)  # a store error names the URL: redacted
-    reader = NvmlReader(node=options.node, period_s=options.period_s)
+    reader = NvmlReader(node=options.node, period_s=options.period_s, proc_root=options.proc_root)
     reader.open()
     holders = (
         None
@@ -185,6 +188,7 @@ def watch(
         teams=config.teams,
         in_scope=in_scope,
         on_skip=lambda reason: metrics.skipped("pods", reason),
+        sharing=config.sharing,
     )
     pairs: list[tuple[kube.KubeSource, Any]] = [(pod_source, pod_sink)]
     if options.nodes:
@@ -215,7 +219,11 @@ def watch(
                     metrics=metrics,
                     stop=stop,
                     options=loop,
-                    keep=requests_gpus if source.kind is kube.Kind.PODS else None,
+                    keep=(
+                        (lambda pod: requests_gpus(pod, config.sharing))
+                        if source.kind is kube.Kind.PODS
+                        else None
+                    ),
                 ),
             ),
             name=f"watch-{source.kind}",

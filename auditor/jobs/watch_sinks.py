@@ -27,10 +27,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from auditor.agents.watch.kube import Event
 from auditor.collect.nodes import node_row
 from auditor.collect.selectors import matcher
-from auditor.collect.workloads import gpu_request, pod_record
+from auditor.collect.shares import hami_assignments
+from auditor.collect.workloads import pod_gpu_ask, pod_record
 from auditor.errors import InputError, StoreError, shown
 from auditor.model import PodRecord
-from auditor.settings import TeamRules
+from auditor.settings import Sharing, TeamRules
 from auditor.store.bounds import RowError, check_row, is_data_error
 from auditor.store.engine import transaction
 from auditor.store.schema import nodes, pods
@@ -56,12 +57,24 @@ def scope_filter(
     return lambda ns, labels: (namespace is None or ns == namespace) and selects(labels)
 
 
-def requests_gpus(pod: Mapping[str, Any]) -> bool:
-    """Keep a listed pod for the sink? Yes when it requests GPUs, or cannot be read (the sink
-    then says why it skips it)."""
+def requests_gpus(pod: Mapping[str, Any], sharing: Sharing | None = None) -> bool:
+    """Keep a listed pod for the sink? Yes when it holds GPUs or a share of one (SPEC §7,
+    annotations included), is a Run:ai reservation pod, or cannot be read (the sink then
+    says why it skips it)."""
     try:
         spec = pod.get("spec")
-        return gpu_request(spec if isinstance(spec, Mapping) else {})[0] > 0
+        meta = _meta(pod)
+        annotations = meta.get("annotations")
+        namespace = meta.get("namespace")
+        ask = pod_gpu_ask(
+            spec if isinstance(spec, Mapping) else {},
+            namespace=namespace if isinstance(namespace, str) else "",
+            annotations={k: v for k, v in (annotations or {}).items() if isinstance(v, str)}
+            if isinstance(annotations, Mapping)
+            else {},
+            sharing=sharing,
+        )
+        return ask.count > 0 or ask.share_kind is not None
     except InputError:
         return True
 
@@ -151,16 +164,20 @@ class PodSink(_StoreSink):
         teams: TeamRules,
         in_scope: Callable[[str, Mapping[str, str]], bool],
         on_skip: Skip | None = None,
+        sharing: Sharing | None = None,
     ) -> None:
         super().__init__(engine, scope=scope, on_skip=on_skip)
         self.teams = teams
         self.in_scope = in_scope
+        self.sharing = sharing
 
     def _record(self, obj: Mapping[str, Any], **kwargs: Any) -> PodRecord | None:
         """The pod's record, or None when it requests no GPU or is skipped (logged, counted)."""
         adjusted: list[str] = []
         try:
-            rec = pod_record(obj, teams=self.teams, adjusted=adjusted, **kwargs)
+            rec = pod_record(
+                obj, teams=self.teams, adjusted=adjusted, sharing=self.sharing, **kwargs
+            )
             if rec is not None:
                 check_row(pods, pod_row(rec), what="pod")
         except RowError as e:
@@ -179,14 +196,14 @@ class PodSink(_StoreSink):
         return rec
 
     def replace(self, items: list[dict[str, Any]], *, resource_version: str, at_ms: int) -> int:
-        from auditor.store.writes import close_missing_pods, upsert_pods
+        from auditor.store.writes import close_missing_pods
 
         records = [r for r in (self._record(i) for i in items) if r is not None]
         # a listed pod that was skipped still exists: it must not be closed as gone
         listed = {r.uid for r in records} | {u for u in map(_uid, items) if u is not None}
         records, gone = self._commit(
             records,
-            upsert_pods,
+            _write_pods,
             _describe_record,
             resource_version=resource_version,
             at_ms=at_ms,
@@ -201,8 +218,6 @@ class PodSink(_StoreSink):
         return len(records)
 
     def apply(self, events: list[Event], *, resource_version: str, at_ms: int) -> int:
-        from auditor.store.writes import upsert_pods
-
         with self._transaction() as conn:
             known = self._known_deletions(conn, events)
         records: list[PodRecord] = []
@@ -218,7 +233,7 @@ class PodSink(_StoreSink):
                 records.append(rec)
         records, _ = self._commit(
             records,
-            upsert_pods,
+            _write_pods,
             _describe_record,
             resource_version=resource_version,
             at_ms=at_ms,
@@ -236,6 +251,14 @@ class PodSink(_StoreSink):
         ]
         found = known_deletions(conn, [u for u in uids if u is not None])
         return {uid: ms for uid, ms in found.items()}
+
+
+def _write_pods(conn: Connection, records: list[PodRecord]) -> None:
+    """Pods, and the cards HAMi's annotation names for them (SPEC §7)."""
+    from auditor.store.writes import upsert_exact_assignments, upsert_pods
+
+    upsert_pods(conn, records)
+    upsert_exact_assignments(conn, hami_assignments(records), source="hami")
 
 
 class NodeSink(_StoreSink):

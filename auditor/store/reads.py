@@ -15,7 +15,9 @@ from auditor.store.schema import (
     audit_runs,
     gpu_assignments,
     gpu_samples,
+    gpu_tenant_util,
     gpus,
+    nodes,
     pods,
 )
 
@@ -26,10 +28,35 @@ def _frame(conn: Connection, stmt: Select[Any], columns: Sequence[str]) -> pd.Da
 
 
 def read_gpus(conn: Connection) -> pd.DataFrame:
-    cols = ["id", "uuid", "node", "gpu_index", "model", "memory_total_mib", "parent_uuid"]
+    cols = [
+        "id",
+        "uuid",
+        "node",
+        "gpu_index",
+        "model",
+        "memory_total_mib",
+        "parent_uuid",
+        "mig_profile",
+    ]
     df = _frame(conn, select(*(gpus.c[c] for c in cols)).order_by(gpus.c.id), cols)
     df["gpu_index"] = df["gpu_index"].astype("Int64")
     return df
+
+
+def read_nodes(conn: Connection) -> pd.DataFrame:
+    """Nodes as last seen: name, gpu_model, labels (a dict: the sharing labels of SPEC §7)."""
+    rows = conn.execute(
+        select(nodes.c.name, nodes.c.gpu_model, nodes.c.labels).order_by(nodes.c.name)
+    ).all()
+    return pd.DataFrame(
+        {
+            "name": pd.Series([r[0] for r in rows], dtype=object),
+            "gpu_model": pd.Series([r[1] for r in rows], dtype=object),
+            "labels": pd.Series(
+                [dict(r[2]) if isinstance(r[2], Mapping) else {} for r in rows], dtype=object
+            ),
+        }
+    )
 
 
 POD_COLUMNS = [
@@ -50,6 +77,10 @@ POD_COLUMNS = [
     "started_ms",
     "finished_ms",
     "deleted_ms",
+    "share_kind",
+    "gpu_share",
+    "gpu_mem_mib",
+    "gpu_mem_share",
 ]
 
 
@@ -65,14 +96,25 @@ def read_pods(conn: Connection) -> pd.DataFrame:
         "deleted_ms",
     ):
         df[c] = df[c].astype("Int64")
+    for c in ("gpu_share", "gpu_mem_mib", "gpu_mem_share"):
+        df[c] = pd.to_numeric(df[c], errors="coerce").astype("float64")
     return df
 
 
 def read_assignments(conn: Connection) -> pd.DataFrame:
-    stmt = select(gpu_assignments.c.pod_uid, gpus.c.uuid).join(
-        gpus, gpus.c.id == gpu_assignments.c.gpu_id
-    )
-    return _frame(conn, stmt, ["pod_uid", "gpu_uuid"])
+    """Exact GPU -> pod observations: pod_uid, gpu_uuid, replicas (time-slicing device IDs
+    held on the card, <NA> where not said), share (an exact share a source gave, NaN where
+    none)."""
+    stmt = select(
+        gpu_assignments.c.pod_uid,
+        gpus.c.uuid,
+        gpu_assignments.c.replicas,
+        gpu_assignments.c.share,
+    ).join(gpus, gpus.c.id == gpu_assignments.c.gpu_id)
+    df = _frame(conn, stmt, ["pod_uid", "gpu_uuid", "replicas", "share"])
+    df["replicas"] = df["replicas"].astype("Int64")
+    df["share"] = pd.to_numeric(df["share"], errors="coerce").astype("float64")
+    return df
 
 
 def read_samples(
@@ -153,6 +195,36 @@ _CARD_ROW = np.dtype(
 )
 
 
+def read_tenant_util(
+    conn: Connection, ranges: Sequence[CardRange], uuids: Mapping[int, str]
+) -> pd.DataFrame:
+    """Per-pod utilisation of each card inside its own range (the `wanted` ranges of
+    `read_card_samples`), as gpu (UUID), pod_uid, ts_ms, util (percent of the whole card,
+    NaN where unread), sorted by card, time and pod."""
+    cols = ["gpu", "pod_uid", "ts_ms", "util"]
+    parts: list[pd.DataFrame] = []
+    for gpu_id, lo, hi in ranges:
+        stmt = (
+            select(gpu_tenant_util.c.pod_uid, gpu_tenant_util.c.ts_ms, gpu_tenant_util.c.util)
+            .where(
+                gpu_tenant_util.c.gpu_id == gpu_id,
+                gpu_tenant_util.c.ts_ms >= lo,
+                gpu_tenant_util.c.ts_ms < hi,
+            )
+            .order_by(gpu_tenant_util.c.ts_ms, gpu_tenant_util.c.pod_uid)
+        )
+        part = _frame(conn, stmt, cols[1:])
+        if len(part):
+            part.insert(0, "gpu", uuids[gpu_id])
+            parts.append(part)
+    df = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=cols)
+    df["gpu"] = df["gpu"].astype(object)
+    df["pod_uid"] = df["pod_uid"].astype(object)
+    df["ts_ms"] = df["ts_ms"].astype("int64")
+    df["util"] = pd.to_numeric(df["util"], errors="coerce").astype("float64")
+    return df
+
+
 def sample_span(conn: Connection) -> tuple[int, int] | None:
     """The first and last sample time stored, or None for an empty store."""
     lo, hi = conn.execute(
@@ -214,6 +286,7 @@ def read_results(conn: Connection, run_ids: Sequence[int]) -> pd.DataFrame:
             audit_results.c.category,
             audit_results.c.seconds,
             audit_results.c.inferred,
+            audit_results.c.estimated,
             pods.c.namespace,
             pods.c.name.label("pod"),
             pods.c.team,
@@ -237,6 +310,7 @@ def read_results(conn: Connection, run_ids: Sequence[int]) -> pd.DataFrame:
         "category",
         "seconds",
         "inferred",
+        "estimated",
         "namespace",
         "pod",
         "team",
@@ -249,6 +323,7 @@ def read_results(conn: Connection, run_ids: Sequence[int]) -> pd.DataFrame:
     df = _frame(conn, stmt, cols)
     df["seconds"] = df["seconds"].astype("float64")
     df["inferred"] = df["inferred"].astype(bool)
+    df["estimated"] = df["estimated"].astype(bool)
     df["rank"] = df["rank"].astype("Int64")
     return df
 

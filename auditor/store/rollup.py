@@ -36,7 +36,7 @@ from auditor.classify.rollup import (
     with_rolled,
 )
 from auditor.settings import Thresholds
-from auditor.store.schema import audit_runs, gpu_samples, gpu_samples_1m, gpus
+from auditor.store.schema import audit_runs, gpu_samples, gpu_samples_1m, gpu_tenant_util, gpus
 
 READ_MARGIN_MS = 15 * 60_000
 """Raw samples read past a boundary so the last one before it meets its successor."""
@@ -74,6 +74,9 @@ def rollup(
 ) -> RollupStats:
     """Roll up and delete every raw sample stamped before `before_ms` (cut at a minute).
 
+    Per-pod utilisation of shared cards (`gpu_tenant_util`) before the cut is deleted with
+    them, not rolled up: an audit of rolled-up time splits a shared card's activity by
+    share (SPEC §7, estimated), as it would without per-process data.
     `gpu_ids` limits it to those GPUs (default: all). Runs in the caller's transaction.
     """
     cut = floor_minute(before_ms)
@@ -107,6 +110,11 @@ def rollup(
             written += merge_minutes(conn, minutes, id_of)
             deleted += len(taken)
             touched |= {int(r[0]) for r in taken}
+        conn.execute(
+            delete(gpu_tenant_util).where(
+                gpu_tenant_util.c.gpu_id.in_(batch), gpu_tenant_util.c.ts_ms < cut
+            )
+        )
     return RollupStats(
         before_ms=cut, gpus=len(touched), raw_deleted=deleted, minutes_written=written
     )

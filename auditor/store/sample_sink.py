@@ -23,9 +23,11 @@ from auditor.model import Batch, GpuRecord, Holding, Written, merge_holdings
 from auditor.store.bounds import RowError, check_row, is_data_error
 from auditor.store.schema import gpus, pods
 from auditor.store.writes import (
+    ShareSeen,
     gpu_conflicts,
     gpu_row,
     insert_samples,
+    insert_tenant_samples,
     upsert_assignments,
     upsert_gpus,
 )
@@ -67,8 +69,14 @@ class StoreSink:
                 known = conn.execute(select(gpus.c.uuid, gpus.c.id).where(gpus.c.uuid.in_(missing)))
                 ids.update({u: i for u, i in known})
             insert_samples(conn, samples, ids)
-            seen, unresolved = resolve_holdings(conn, holdings, ids, slack_ms=self.slack_ms)
-            upsert_assignments(conn, seen, source=SOURCE)
+            insert_tenant_samples(
+                conn, [t for b in batches for t in b.tenants if t.gpu_uuid not in refused], ids
+            )
+            shares: dict[tuple[str, int], ShareSeen] = {}
+            seen, unresolved = resolve_holdings(
+                conn, holdings, ids, slack_ms=self.slack_ms, shares=shares
+            )
+            upsert_assignments(conn, seen, source=SOURCE, shares=shares)
         return Written(unresolved, tuple(conflicts), skipped)
 
     def is_refusal(self, error: BaseException) -> bool:
@@ -96,10 +104,17 @@ still running."""
 
 
 def resolve_holdings(
-    conn: Connection, holdings: Sequence[Holding], gpu_ids: Mapping[str, int], *, slack_ms: int
+    conn: Connection,
+    holdings: Sequence[Holding],
+    gpu_ids: Mapping[str, int],
+    *,
+    slack_ms: int,
+    shares: dict[tuple[str, int], ShareSeen] | None = None,
 ) -> tuple[list[tuple[str, int, int]], list[Holding]]:
     """Holdings joined to stored pods by namespace/name and time, as (pod_uid, gpu_id, ts)
-    observations for `upsert_assignments`; and the holdings whose pod is not stored."""
+    observations for `upsert_assignments`; and the holdings whose pod is not stored.
+    `shares`, when given, is filled with the time-slicing replicas of each joined holding
+    that has them."""
     names = {(h.namespace, h.pod) for h in holdings}
     tenures: dict[tuple[str, str], list[Tenure]] = {}
     if names:
@@ -132,6 +147,8 @@ def resolve_holdings(
             unresolved.append(h)
             continue
         seen += [(uid, gpu_id, h.first_ms), (uid, gpu_id, h.last_ms)]
+        if shares is not None and h.replicas is not None:
+            shares[(uid, gpu_id)] = (h.replicas, None)
     return seen, unresolved
 
 

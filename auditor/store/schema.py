@@ -45,6 +45,7 @@ gpus = Table(
     Column("memory_total_mib", Float, nullable=True),
     Column("parent_uuid", String(limits.GPU_UUID_MAX), nullable=True),
     Column("util_source", String(limits.UTIL_SOURCE_MAX), nullable=True),
+    Column("mig_profile", String(limits.SHARE_TEXT_MAX), nullable=True),
     Index("ix_gpus_node_index", "node", "gpu_index"),
 )
 
@@ -122,6 +123,10 @@ pods = Table(
     Column("labels", JSON, nullable=False),
     Column("annotations", JSON, nullable=False),
     Column("deleted_estimated", Boolean, nullable=False, server_default=false()),
+    Column("share_kind", String(limits.SHARE_TEXT_MAX), nullable=True),
+    Column("gpu_share", Float, nullable=True),
+    Column("gpu_mem_mib", Float, nullable=True),
+    Column("gpu_mem_share", Float, nullable=True),
     Index("ix_pods_node_bound", "node", "bound_ms"),
     Index("ix_pods_namespace_name", "namespace", "name"),
 )
@@ -158,8 +163,25 @@ gpu_assignments = Table(
     Column("first_seen_ms", BigInteger, nullable=False),
     Column("last_seen_ms", BigInteger, nullable=False),
     Column("source", String(32), nullable=False),
+    Column("replicas", Integer, nullable=True),
+    Column("share", Float, nullable=True),
 )
-"""Exact GPU -> pod mapping seen by a source (pod-resources, dcgm labels)."""
+"""Exact GPU -> pod mapping seen by a source (pod-resources, dcgm labels, HAMi's annotation).
+`replicas`: time-slicing device IDs `GPU-…::j` of the card the pod holds (pod-resources);
+`share`: an exact share of the card where a source says it (HAMi's cores / 100, else its
+memory / the card's)."""
+
+gpu_tenant_util = Table(
+    "gpu_tenant_util",
+    metadata,
+    Column("gpu_id", Integer, primary_key=True),
+    Column("pod_uid", String(64), primary_key=True),
+    Column("ts_ms", BigInteger, primary_key=True),
+    Column("util", Float, nullable=True),
+    sqlite_with_rowid=False,
+)
+"""One pod's utilisation of one physical card (percent of the whole card, summed over its
+processes) per sample time (SPEC §7). Not foreign keys, for the reason `gpu_samples` gives."""
 
 audit_runs = Table(
     "audit_runs",
@@ -186,6 +208,7 @@ audit_results = Table(
     Column("category", String(32), nullable=False),
     Column("seconds", Float, nullable=False),
     Column("inferred", Boolean, nullable=False),
+    Column("estimated", Boolean, nullable=False, server_default=false()),
     Index("ix_audit_results_run", "run_id"),
 )
 """GPU-seconds per (run, card, pod or none, category); pod attributes are joined on read."""

@@ -15,7 +15,14 @@ from sqlalchemy import Connection, Table, delete, func, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from auditor.errors import shown
-from auditor.model import GpuConflict, GpuRecord, GpuSample, PodRecord
+from auditor.model import (
+    ExactAssignment,
+    GpuConflict,
+    GpuRecord,
+    GpuSample,
+    PodRecord,
+    TenantSample,
+)
 from auditor.store.bounds import RowError, check_row
 from auditor.store.bulk import SAMPLE_COLUMNS, object_spans, write_rows
 from auditor.store.ranks import PYTORCH_JOB, settle_pytorch_ranks
@@ -24,6 +31,7 @@ from auditor.store.schema import (
     audit_results,
     audit_runs,
     gpu_assignments,
+    gpu_tenant_util,
     gpus,
     nodes,
     pods,
@@ -122,6 +130,7 @@ def upsert_gpus(
             ),
             "parent_uuid": func.coalesce(stmt.excluded.parent_uuid, gpus.c.parent_uuid),
             "util_source": func.coalesce(stmt.excluded.util_source, gpus.c.util_source),
+            "mig_profile": func.coalesce(stmt.excluded.mig_profile, gpus.c.mig_profile),
         },
     )
     values = [gpu_row(r) for r in merged.values()]
@@ -146,6 +155,7 @@ def gpu_row(rec: GpuRecord) -> dict[str, Any]:
         "memory_total_mib": rec.memory_total_mib,
         "parent_uuid": rec.parent_uuid,
         "util_source": rec.util_source,
+        "mig_profile": rec.mig_profile,
     }
 
 
@@ -160,6 +170,7 @@ def _fill(old: GpuRecord, new: GpuRecord) -> GpuRecord:
         else new.memory_total_mib,
         parent_uuid=old.parent_uuid if new.parent_uuid is None else new.parent_uuid,
         util_source=old.util_source if new.util_source is None else new.util_source,
+        mig_profile=old.mig_profile if new.mig_profile is None else new.mig_profile,
     )
 
 
@@ -245,6 +256,10 @@ def upsert_pods(conn: Connection, records: Iterable[PodRecord]) -> int:
         "resource_version",
         "labels",
         "annotations",
+        "share_kind",
+        "gpu_share",
+        "gpu_mem_mib",
+        "gpu_mem_share",
     )
     stmt = stmt.on_conflict_do_update(
         index_elements=[pods.c.uid],
@@ -281,17 +296,34 @@ def pod_row(rec: PodRecord) -> dict[str, Any]:
         "resource_version": rec.resource_version,
         "labels": dict(rec.labels),
         "annotations": dict(rec.annotations),
+        "share_kind": rec.share_kind,
+        "gpu_share": rec.gpu_share,
+        "gpu_mem_mib": rec.gpu_mem_mib,
+        "gpu_mem_share": rec.gpu_mem_share,
     }
 
 
+ShareSeen = tuple[int | None, float | None]
+"""(replicas, share) a source saw for a pod on a card; None where it says nothing."""
+
+
 def upsert_assignments(
-    conn: Connection, seen: Iterable[tuple[str, int, int]], *, source: str
+    conn: Connection,
+    seen: Iterable[tuple[str, int, int]],
+    *,
+    source: str,
+    shares: Mapping[tuple[str, int], ShareSeen] | None = None,
 ) -> None:
-    """Record exact GPU -> pod observations as (pod_uid, gpu_id, ts_ms), widening the span."""
+    """Record exact GPU -> pod observations as (pod_uid, gpu_id, ts_ms), widening the span.
+
+    `shares` gives, per (pod_uid, gpu_id), the time-slicing replicas of the card the pod
+    holds and an exact share where the source says it; a stored value is replaced by a
+    newer one, never erased by None."""
     spans: dict[tuple[str, int], tuple[int, int]] = {}
     for pod_uid, gpu_id, ts in seen:
         lo, hi = spans.get((pod_uid, gpu_id), (ts, ts))
         spans[(pod_uid, gpu_id)] = (min(lo, ts), max(hi, ts))
+    given = shares or {}
     if not spans:
         return
     stmt = _upsert(conn, gpu_assignments)
@@ -304,15 +336,94 @@ def upsert_assignments(
             "last_seen_ms": _greatest(
                 conn, stmt.excluded.last_seen_ms, gpu_assignments.c.last_seen_ms
             ),
+            "replicas": func.coalesce(stmt.excluded.replicas, gpu_assignments.c.replicas),
+            "share": func.coalesce(stmt.excluded.share, gpu_assignments.c.share),
         },
     )
     conn.execute(
         stmt,
         [
-            {"pod_uid": p, "gpu_id": g, "first_seen_ms": lo, "last_seen_ms": hi, "source": source}
+            {
+                "pod_uid": p,
+                "gpu_id": g,
+                "first_seen_ms": lo,
+                "last_seen_ms": hi,
+                "source": source,
+                "replicas": r,
+                "share": s_,
+            }
             for (p, g), (lo, hi) in spans.items()
+            for r, s_ in [given.get((p, g), (None, None))]
         ],
     )
+
+
+def upsert_exact_assignments(
+    conn: Connection, found: Iterable[ExactAssignment], *, source: str
+) -> int:
+    """Record cards named for pods. A card the store does not know yet is added as a bare
+    GPU of the pod's node (a later reader fills in the rest); one the store has on another
+    node is left out (the name is wrong for that pod, or the card moved). Without a share,
+    the memory held over the card's known memory stands in. Returns the assignments written."""
+    given = [a for a in found if a.pod_uid and a.gpu_uuid]
+    if not given:
+        return 0
+    uuids = sorted({a.gpu_uuid for a in given})
+    stored = {
+        uuid: (gpu_id, node, memory)
+        for uuid, gpu_id, node, memory in conn.execute(
+            select(gpus.c.uuid, gpus.c.id, gpus.c.node, gpus.c.memory_total_mib).where(
+                gpus.c.uuid.in_(uuids)
+            )
+        )
+    }
+    new: dict[str, GpuRecord] = {}
+    for a in given:  # a card new to the store goes on the node that first names it
+        if a.gpu_uuid not in stored:
+            new.setdefault(a.gpu_uuid, GpuRecord(a.gpu_uuid, a.node))
+    for rec in new.values():
+        check_row(gpus, gpu_row(rec), what=f"GPU {shown(rec.uuid)}")
+    ids = {u: i for u, (i, _, _) in stored.items()}
+    ids.update(upsert_gpus(conn, new.values()))
+    nodes_of = {u: n for u, (_, n, _) in stored.items()} | {u: r.node for u, r in new.items()}
+    memory = {u: m for u, (_, _, m) in stored.items()}
+    seen: list[tuple[str, int, int]] = []
+    shares: dict[tuple[str, int], ShareSeen] = {}
+    for a in given:
+        if nodes_of[a.gpu_uuid] != a.node:
+            continue
+        gpu_id = ids[a.gpu_uuid]
+        share = a.share
+        total = memory.get(a.gpu_uuid)
+        if share is None and a.mem_mib and total:
+            share = min(1.0, a.mem_mib / float(total))
+        seen += [(a.pod_uid, gpu_id, a.first_ms), (a.pod_uid, gpu_id, a.last_ms)]
+        shares[(a.pod_uid, gpu_id)] = (None, share)
+    upsert_assignments(conn, seen, source=source, shares=shares)
+    return len(shares)
+
+
+def insert_tenant_samples(
+    conn: Connection, samples: Iterable[TenantSample], gpu_ids: Mapping[str, int]
+) -> int:
+    """Store per-pod utilisation of cards, skipping any (card, pod, time) already stored
+    (a replay is harmless). Returns the rows offered (new or not)."""
+    rows = {
+        (gpu_ids[s.gpu_uuid], s.pod_uid, s.ts_ms): s.util for s in samples if s.gpu_uuid in gpu_ids
+    }
+    if not rows:
+        return 0
+    stmt = _upsert(conn, gpu_tenant_util).on_conflict_do_nothing(
+        index_elements=[
+            gpu_tenant_util.c.gpu_id,
+            gpu_tenant_util.c.pod_uid,
+            gpu_tenant_util.c.ts_ms,
+        ]
+    )
+    values = [{"gpu_id": g, "pod_uid": p, "ts_ms": t, "util": u} for (g, p, t), u in rows.items()]
+    for start in range(0, len(values), 5000):
+        conn.execute(stmt, values[start : start + 5000])
+    return len(values)
 
 
 def supersedes(new: str, old: str) -> bool:
@@ -341,7 +452,7 @@ def replace_audit_run(
     """Store one audit run, replacing the runs of the same window it supersedes.
 
     `rolled_up_seconds`: GPU-seconds of the window audited from 1-minute rollups (the
-    report flags them as coarser)."""
+    report flags them as coarser). A result that does not say `estimated` was not."""
     old = select(audit_runs.c.id, audit_runs.c.shard).where(
         audit_runs.c.window_start_ms == window[0],
         audit_runs.c.window_end_ms == window[1],
@@ -363,7 +474,7 @@ def replace_audit_run(
             "rolled_up_seconds": float(rolled_up_seconds),
         },
     ).scalar_one()
-    result_rows = [{"run_id": run_id, **r} for r in results]
+    result_rows = [{"run_id": run_id, "estimated": False, **r} for r in results]
     if result_rows:
         conn.execute(insert(audit_results), result_rows)
     finding_rows = [{"run_id": run_id, **f} for f in findings]

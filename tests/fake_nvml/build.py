@@ -74,8 +74,10 @@ def render_script(
     samples: Mapping[int, Sequence[tuple[int, int]]] | None = None,
     migs: Mapping[int, Sequence[Fields]] | None = None,
     init_fail: int | None = None,
+    procs: Mapping[int, Sequence[Fields]] | None = None,
 ) -> str:
-    """The script text: devices in index order, their (ts_us, value) samples and MIGs."""
+    """The script text: devices in index order, their (ts_us, value) samples, MIGs and
+    process utilisation samples (pid, sm, ts_us)."""
     lines = [] if init_fail is None else [f"init fail={init_fail}"]
     for i, dev in enumerate(devices):
         lines.append(_line("device", dev))
@@ -83,6 +85,8 @@ def render_script(
             lines.append(f"sample ts_us={ts_us} value={value}")
         for mig in (migs or {}).get(i, ()):
             lines.append(_line("mig", mig))
+        for proc in (procs or {}).get(i, ()):
+            lines.append(_line("proc", proc))
     return "\n".join(lines) + "\n"
 
 

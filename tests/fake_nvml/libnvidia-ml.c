@@ -14,6 +14,11 @@
  *                                         the device does not support GPM)
  *   sample ts_us=1700000000000000 value=35      a buffered utilisation sample of the last device
  *   mig uuid=MIG-a name=... mem_total=... mem_used=...      a MIG instance of the last device
+ *                                        (its name ends with its profile: NVIDIA+A100+MIG+1g.5gb)
+ *   proc pid=4242 sm=30 ts_us=...        a process utilisation sample of the last device (no
+ *                                        ts_us: stamped at the call, as a running process is)
+ *   procs fail=3                         nvmlDeviceGetProcessUtilization of the last device
+ *                                        answers this code
  *
  * A field that is absent answers NVML_ERROR_NOT_SUPPORTED; a value `E<code>` answers that
  * error code (E15 GPU is lost, E999 unknown). `lost=1` makes every call on the device answer
@@ -37,6 +42,7 @@
 #define MAX_DEV 64
 #define MAX_MIG 8
 #define MAX_SAMPLES 512
+#define MAX_PROCS 64
 #define NO_VALUE (-1LL)
 
 typedef struct { long long v; int err; int present; } field_t;
@@ -54,6 +60,11 @@ typedef struct dev {
     int n_samples;
     unsigned long long sample_ts[MAX_SAMPLES];
     unsigned sample_val[MAX_SAMPLES];
+    int n_procs;
+    int procs_fail;
+    unsigned proc_pid[MAX_PROCS];
+    unsigned proc_sm[MAX_PROCS];
+    unsigned long long proc_ts[MAX_PROCS];
     int mig_max;
     int n_mig;
     struct dev *migs[MAX_MIG];
@@ -146,11 +157,18 @@ static void load_script(void) {
             if (!eq) continue;
             *eq = 0;
             if (!strcmp(kind, "init") && !strcmp(tok, "fail")) init_fail = atoi(eq + 1);
-            else if (!strcmp(kind, "sample")) {
+            else if (!strcmp(kind, "procs") && last && !strcmp(tok, "fail")) last->procs_fail = atoi(eq + 1);
+            else if (!strcmp(kind, "proc") && last && last->n_procs < MAX_PROCS) {
+                int k = last->n_procs;
+                if (!strcmp(tok, "pid")) last->proc_pid[k] = (unsigned)atoi(eq + 1);
+                else if (!strcmp(tok, "sm")) last->proc_sm[k] = (unsigned)atoi(eq + 1);
+                else if (!strcmp(tok, "ts_us")) last->proc_ts[k] = (unsigned long long)atoll(eq + 1);
+            } else if (!strcmp(kind, "sample")) {
                 if (!strcmp(tok, "ts_us")) ts = atoll(eq + 1);
                 else if (!strcmp(tok, "value")) val = (unsigned)atoi(eq + 1);
             } else if (target) set_key(target, tok, eq + 1);
         }
+        if (!strcmp(kind, "proc") && last && last->n_procs < MAX_PROCS) last->n_procs++;
         if (!strcmp(kind, "sample") && last && last->n_samples < MAX_SAMPLES) {
             last->sample_ts[last->n_samples] = (unsigned long long)ts;
             last->sample_val[last->n_samples++] = val;
@@ -357,6 +375,37 @@ int nvmlDeviceGetDeviceHandleFromMigDeviceHandle(void *handle, void **parent) {
     dev_t_ *d; int rc = check(handle, &d); if (rc) return rc;
     if (!d->is_mig) return E_INVALID;
     *parent = d->parent;
+    return OK;
+}
+
+typedef struct {
+    unsigned pid;
+    unsigned long long ts;
+    unsigned sm, mem, enc, dec;
+} proc_sample_t;
+
+int nvmlDeviceGetProcessUtilization(void *handle, proc_sample_t *out, unsigned *count,
+                                    unsigned long long last_seen) {
+    dev_t_ *d; int rc = check(handle, &d); if (rc) return rc;
+    if (d->is_mig) return E_NOT_SUPPORTED;
+    if (d->procs_fail) return d->procs_fail;
+    if (!count) return E_INVALID;
+    unsigned n = 0;
+    proc_sample_t buf[MAX_PROCS];
+    unsigned long long now = now_us();
+    for (int i = 0; i < d->n_procs; i++) {
+        unsigned long long ts = d->proc_ts[i] ? d->proc_ts[i] : now;
+        if (ts <= last_seen) continue;
+        buf[n].pid = d->proc_pid[i];
+        buf[n].ts = ts;
+        buf[n].sm = d->proc_sm[i];
+        buf[n].mem = buf[n].enc = buf[n].dec = 0;
+        n++;
+    }
+    if (n == 0) return E_NOT_FOUND;
+    if (!out || *count < n) { *count = n; return E_INSUFFICIENT; }
+    memcpy(out, buf, n * sizeof *buf);
+    *count = n;
     return OK;
 }
 

@@ -22,7 +22,7 @@ from dataclasses import astuple
 from pathlib import Path
 
 from auditor.errors import AuditorError
-from auditor.model import Batch, GpuRecord, GpuSample, Holding, merge_holdings
+from auditor.model import Batch, GpuRecord, GpuSample, Holding, TenantSample, merge_holdings
 from auditor.settings import BUFFER_MAX_MIB
 
 log = logging.getLogger(__name__)
@@ -34,17 +34,22 @@ def encode_batch(batch: Batch) -> str:
             [astuple(g) for g in batch.gpus],
             [astuple(s) for s in batch.samples],
             [astuple(h) for h in batch.holdings],
+            [astuple(t) for t in batch.tenants],
         ],
         separators=(",", ":"),
     )
 
 
 def decode_batch(text: str) -> Batch:
-    gpus, samples, holdings = json.loads(text)
+    """A batch as `encode_batch` wrote it, or as an earlier version did (no tenants, records
+    with fewer fields): a buffer kept over an upgrade is still written."""
+    gpus, samples, holdings, *rest = json.loads(text)
+    tenants = rest[0] if rest else []
     return Batch(
         tuple(GpuRecord(*g) for g in gpus),
         tuple(GpuSample(*s) for s in samples),
         tuple(Holding(*h) for h in holdings),
+        tuple(TenantSample(*t) for t in tenants),
     )
 
 
@@ -52,7 +57,7 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS batches (seq INTEGER PRIMARY KEY AUTOINCREMENT, body TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS unresolved (
     namespace TEXT NOT NULL, pod TEXT NOT NULL, gpu_uuid TEXT NOT NULL,
-    first_ms INTEGER NOT NULL, last_ms INTEGER NOT NULL,
+    first_ms INTEGER NOT NULL, last_ms INTEGER NOT NULL, replicas INTEGER,
     PRIMARY KEY (namespace, pod, gpu_uuid));
 CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
 """
@@ -96,6 +101,9 @@ def _connect(target: str) -> tuple[sqlite3.Connection, int, int]:
         db.execute(f"PRAGMA journal_mode={_JOURNAL}")
         db.execute("PRAGMA synchronous=NORMAL")
         db.executescript(_SCHEMA)
+        columns = {row[1] for row in db.execute("PRAGMA table_info(unresolved)")}
+        if "replicas" not in columns:  # a buffer file of an earlier version
+            db.execute("ALTER TABLE unresolved ADD COLUMN replicas INTEGER")
         count, size = db.execute(
             "SELECT count(*), coalesce(sum(length(body)), 0) FROM batches"
         ).fetchone()
@@ -317,7 +325,7 @@ class DiskBuffer:
     def unresolved(self) -> list[Holding]:
         with self._lock, self._storage("read"):
             rows = self._db.execute(
-                "SELECT namespace, pod, gpu_uuid, first_ms, last_ms FROM unresolved"
+                "SELECT namespace, pod, gpu_uuid, first_ms, last_ms, replicas FROM unresolved"
             ).fetchall()
         return [Holding(*r) for r in rows]
 
@@ -330,7 +338,9 @@ class DiskBuffer:
         self._db.execute("DELETE FROM batches WHERE seq <= ?", (upto_seq,))
         self._db.execute("DELETE FROM unresolved")
         self._db.executemany(
-            "INSERT INTO unresolved VALUES (?, ?, ?, ?, ?)", [astuple(h) for h in kept]
+            "INSERT INTO unresolved (namespace, pod, gpu_uuid, first_ms, last_ms, replicas)"
+            " VALUES (?, ?, ?, ?, ?, ?)",
+            [astuple(h) for h in kept],
         )
         self._bump("dropped_holdings", dropped_holdings)
         self._db.execute("COMMIT")

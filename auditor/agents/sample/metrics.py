@@ -38,6 +38,17 @@ class SamplerMetrics:
         self.mapping_errors = Counter(
             f"{PREFIX}_pod_resources_errors", "Failed pod-resources List calls.", registry=registry
         )
+        self.tenant_samples = Counter(
+            f"{PREFIX}_tenant_samples",
+            "Per-pod utilisation samples of cards read (--process-util).",
+            registry=registry,
+        )
+        self.unattributed_processes = Counter(
+            f"{PREFIX}_unattributed_processes",
+            "Processes using a card that are in no pod (host processes, or gone before their "
+            "cgroup was read), per pass (--process-util).",
+            registry=registry,
+        )
         self.store_errors = Counter(
             f"{PREFIX}_store_errors", "Failed writes to the store.", registry=registry
         )

@@ -13,20 +13,30 @@ card without GPM support has `None`.
 
 A field NVML does not support, or fails to read, is `None`, never 0. A MIG-enabled card is
 reported as its MIG instances (GPUs of their own, NVML has no utilisation for them: `None`),
-not as the parent, whose capacity they share.
+not as the parent, whose capacity they share; each names its profile (`1g.10gb`), read from
+the instance's name as NVML gives it ("NVIDIA A100-SXM4-40GB MIG 1g.5gb").
+
+Per-process utilisation (optional, SPEC §7): with a proc root given, each whole card's
+`nvmlDeviceGetProcessUtilization` samples since the last read are averaged per process,
+each process is put in its pod through `/proc/<pid>/cgroup` (`auditor.agents.sample.cgroups`),
+and summed per pod: one `TenantSample` per pod and card, stamped like the card's sample.
+Processes outside pods are left out. It needs the host's PID namespace (`hostPID: true`).
 """
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pynvml
 
+from auditor.agents.sample.cgroups import PodsOfProcesses
 from auditor.errors import AuditorError
-from auditor.model import GpuRecord, GpuSample
+from auditor.model import GpuRecord, GpuSample, TenantSample
 
 MIB = 1 << 20
 
@@ -55,6 +65,10 @@ class Reading:
     gpus: tuple[GpuRecord, ...]
     samples: tuple[GpuSample, ...]
     problems: tuple[DeviceProblem, ...]
+    tenants: tuple[TenantSample, ...] = ()
+    """Per-pod utilisation of whole cards (only with per-process utilisation on)."""
+    unattributed: int = 0
+    """Processes using a card this pass that are in no pod (or gone before looked up)."""
 
 
 def _optional(call: Callable[..., Any], *args: Any) -> Any:
@@ -69,18 +83,37 @@ def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+_MIG_PROFILE = re.compile(r"(?:^|\s)(?:MIG\s+)?((?:[0-9]+c\.)?[0-9]+g\.[0-9]+gb(?:\+me)?)\s*$")
+
+
+def mig_profile(name: str | None) -> str | None:
+    """The profile at the end of a MIG instance's NVML name ("... MIG 1g.10gb" -> "1g.10gb",
+    "... MIG 1c.3g.40gb" -> "1c.3g.40gb"); None when it names none."""
+    m = _MIG_PROFILE.search(name or "")
+    return m.group(1) if m else None
+
+
 class NvmlReader:
     """Reads the node's devices through NVML. `open()` first; `close()` when done."""
 
     def __init__(
-        self, *, node: str, period_s: float = 5.0, clock: Callable[[], float] = time.time
+        self,
+        *,
+        node: str,
+        period_s: float = 5.0,
+        clock: Callable[[], float] = time.time,
+        proc_root: Path | None = None,
     ) -> None:
+        """`proc_root`: the host's `/proc`, to read per-process utilisation; None: off."""
         self.node = node
         self.period_s = period_s
         self._clock = clock
         self._last_read_ms: int | None = None
         self._last_seen_us: dict[str, int] = {}
+        self._last_proc_us: dict[str, int] = {}
         self._no_buffer: set[str] = set()
+        self._pods = None if proc_root is None else PodsOfProcesses(proc_root)
+        self._unattributed = 0
         self._gpm: dict[str, Any] = {}
         """Per card with GPM support: its GPM sample of the previous read (None: none yet)."""
         self._no_gpm: set[str] = set()
@@ -114,6 +147,8 @@ class NvmlReader:
         gpus: list[GpuRecord] = []
         samples: list[GpuSample] = []
         problems: list[DeviceProblem] = []
+        tenants: list[TenantSample] = []
+        self._unattributed = 0
         for index in range(count):
             uuid: str | None = None
             try:
@@ -137,9 +172,48 @@ class NvmlReader:
                         window=(start_ms, now_ms),
                         out=(gpus, samples),
                     )
+                    if self._pods is not None:
+                        tenants += self._tenants(handle, uuid, start_ms)
             except pynvml.NVMLError as e:
                 problems.append(DeviceProblem(index, uuid, str(e)))
-        return Reading(now_ms, tuple(gpus), tuple(samples), tuple(problems))
+        return Reading(
+            now_ms,
+            tuple(gpus),
+            tuple(samples),
+            tuple(problems),
+            tuple(tenants),
+            self._unattributed,
+        )
+
+    def _tenants(self, handle: Any, uuid: str, stamp_ms: int) -> list[TenantSample]:
+        """Per-pod utilisation of a whole card since the last read: each process's samples
+        averaged, summed per pod (percent of the card, at most 100)."""
+        assert self._pods is not None
+        since_us = self._last_proc_us.get(uuid, stamp_ms * 1000)
+        try:
+            found = pynvml.nvmlDeviceGetProcessUtilization(handle, since_us)
+        except pynvml.NVMLError_GpuIsLost:
+            raise
+        except pynvml.NVMLError:
+            return []  # no process ran since (NOT_FOUND), or not supported
+        per_pid: dict[int, list[float]] = {}
+        newest = since_us
+        for p in found:
+            if p.timeStamp > since_us:
+                per_pid.setdefault(int(p.pid), []).append(float(p.smUtil))
+                newest = max(newest, int(p.timeStamp))
+        self._last_proc_us[uuid] = newest
+        per_pod: dict[str, float] = {}
+        for pid, values in per_pid.items():
+            pod = self._pods.pod_of(pid)
+            if pod is None:
+                self._unattributed += 1
+                continue
+            per_pod[pod] = per_pod.get(pod, 0.0) + sum(values) / len(values)
+        return [
+            TenantSample(uuid, pod, stamp_ms, min(100.0, util))
+            for pod, util in sorted(per_pod.items())
+        ]
 
     def _mig_handles(self, handle: Any) -> list[Any]:
         count = _optional(pynvml.nvmlDeviceGetMaxMigDeviceCount, handle)
@@ -170,16 +244,18 @@ class NvmlReader:
         throttle = _optional(_throttle_reasons, handle)
         clock = _optional(pynvml.nvmlDeviceGetClockInfo, handle, pynvml.NVML_CLOCK_SM)
         temp = _optional(pynvml.nvmlDeviceGetTemperature, handle, pynvml.NVML_TEMPERATURE_GPU)
+        model = None if name is None else _text(name)
         sm_active = self._sm_active(handle, uuid) if parent is None else None
         out[0].append(
             GpuRecord(
                 uuid,
                 self.node,
                 index,
-                None if name is None else _text(name),
+                model,
                 total,
                 parent,
                 util_source="nvml",
+                mig_profile=mig_profile(model) if parent is not None else None,
             )
         )
         out[1].append(

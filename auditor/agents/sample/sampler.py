@@ -65,18 +65,24 @@ class Sink(Protocol):
 
 
 def holdings(reading: NodeReading, holders: Sequence[DeviceHolder]) -> tuple[Holding, ...]:
-    """Holder device IDs (UUIDs, or GPU indexes) as holdings of the GPUs read."""
+    """Holder device IDs (UUIDs, or GPU indexes) as holdings of the GPUs read. Under
+    time-slicing a pod holds replicas of a card (`GPU-…::j`): their number is its
+    `replicas` there (SPEC §7)."""
     by_uuid = {g.uuid for g in reading.gpus}
     by_index = {str(g.index): g.uuid for g in reading.gpus if g.index is not None}
-    found: dict[tuple[str, str, str], Holding] = {}
+    replicas: dict[tuple[str, str, str], set[str]] = {}
     for h in holders:
         device = normalise_device_id(h.device_id)
         uuid = device if device in by_uuid else by_index.get(device)
         if uuid is None:
             continue  # a device this reader did not see (lost this pass)
-        t = reading.taken_ms
-        found[(h.namespace, h.pod, uuid)] = Holding(h.namespace, h.pod, uuid, t, t)
-    return tuple(found.values())
+        ids = replicas.setdefault((h.namespace, h.pod, uuid), set())
+        if "::" in h.device_id:
+            ids.add(h.device_id)
+    t = reading.taken_ms
+    return tuple(
+        Holding(ns, pod, uuid, t, t, len(ids) or None) for (ns, pod, uuid), ids in replicas.items()
+    )
 
 
 @dataclass(frozen=True)
@@ -130,7 +136,10 @@ class Sampler:
                 log.warning("%s", e)
         for problem in reading.problems:
             log.warning("device unreadable: %s", problem)
-        batch = Batch(tuple(reading.gpus), tuple(reading.samples), held)
+        tenants = tuple(getattr(reading, "tenants", ()))  # a reader may read none
+        self.metrics.tenant_samples.inc(len(tenants))
+        self.metrics.unattributed_processes.inc(getattr(reading, "unattributed", 0))
+        batch = Batch(tuple(reading.gpus), tuple(reading.samples), held, tenants)
         dropped = self.buffer.push(batch)
         self.metrics.passed(
             gpus=len(batch.gpus),
