@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -99,7 +100,8 @@ def audit(
         gpus = reads.read_gpus(conn)
         pods = reads.read_pods(conn)
         assignments = reads.read_assignments(conn)
-        tenures = build_tenures(pods, gpus, assignments, now_ms=end_ms)
+        nodes = reads.read_nodes(conn)
+        tenures = build_tenures(pods, gpus, assignments, now_ms=end_ms, nodes=nodes)
         ranges = card_ranges(gpus, tenures, window=(start_ms, end_ms))
         gpu_ids = dict(zip(gpus["uuid"], gpus["id"], strict=True))
         uuids = {int(i): str(u) for u, i in gpu_ids.items()}
@@ -115,23 +117,34 @@ def audit(
             )
         )
 
-    def load(context: set[str]) -> pd.DataFrame:
-        """The cards' raw samples and, where raw data was rolled up, 1-minute pseudo-samples."""
+    def load(context: set[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
+        """The cards' raw samples and, where raw data was rolled up, 1-minute pseudo-samples;
+        the tenants' own utilisation of shared cards."""
         wanted = [(int(gpu_ids[u]), *ranges[u]) for u in sorted(context)]
         with engine.connect() as conn:
             raw = reads.read_card_samples(conn, wanted, uuids)
-            return with_rolled(raw, read_rolled_card_samples(conn, wanted))
+            samples = with_rolled(raw, read_rolled_card_samples(conn, wanted))
+            return samples, reads.read_tenant_util(conn, wanted, uuids)
 
     # Reading the next chunk (waiting on the database, building its rows) overlaps
     # classifying this one: at most two chunks' samples are in memory at once.
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="audit-read") as pool:
-        ahead: list[Future[pd.DataFrame]] = [pool.submit(load, parts[0][1])] if parts else []
+        ahead: list[Future[tuple[pd.DataFrame, pd.DataFrame]]] = (
+            [pool.submit(load, parts[0][1])] if parts else []
+        )
         for i, (own, context) in enumerate(parts):
-            samples = ahead.pop().result()
+            samples, activity = ahead.pop().result()
             if i + 1 < len(parts):
                 ahead.append(pool.submit(load, parts[i + 1][1]))
             part = tenures[tenures["gpu"].isin(context)]
-            result = classify(samples, part, window=Window(start_ms, end_ms), thresholds=thresholds)
+            result = classify(
+                samples,
+                part,
+                window=Window(start_ms, end_ms),
+                thresholds=thresholds,
+                cards=gpus,
+                activity=activity,
+            )
             res = result.results[result.results["gpu"].isin(own)]
             # a finding about a whole gang (a checkpoint series) has no card: the part that
             # owns the gang's first card stores it, so it is stored once
@@ -154,7 +167,7 @@ def audit(
             n_samples += int(mine.sum())
             n_gpus += int(samples.loc[mine, "gpu"].nunique())
             rolled += rolled_up_seconds(samples, window=(start_ms, end_ms), gpus=own)
-            del samples, result, res, fnd, mine
+            del samples, activity, result, res, fnd, mine
     with engine.begin() as conn:
         run_id = replace_audit_run(
             conn,
@@ -257,6 +270,11 @@ def _result_rows(
         (g, p): bool(i)
         for g, p, i in zip(tenures["gpu"], tenures["pod_uid"], tenures["inferred"], strict=True)
     }
+    shares: dict[tuple[object, object], float] = {}
+    if "share" in tenures.columns:  # a pod's share of the card (its largest, if it came back)
+        for g, p, sh in zip(tenures["gpu"], tenures["pod_uid"], tenures["share"], strict=True):
+            if not math.isnan(sh):  # an unknown share (an equal split) is stored as NULL
+                shares[(g, p)] = max(float(sh), shares.get((g, p), 0.0))
     return [
         {
             "gpu_id": int(gpu_ids[g]),
@@ -264,9 +282,16 @@ def _result_rows(
             "category": c,
             "seconds": float(s),
             "inferred": inferred.get((g, p), False) if p is not None else False,
+            "estimated": bool(e),
+            "share": shares.get((g, p)) if p is not None else None,
         }
-        for g, p, c, s in zip(
-            res["gpu"], nulls(res["pod_uid"]), res["category"], res["seconds"], strict=True
+        for g, p, c, s, e in zip(
+            res["gpu"],
+            nulls(res["pod_uid"]),
+            res["category"],
+            res["seconds"],
+            res["estimated"],
+            strict=True,
         )
     ]
 

@@ -150,7 +150,9 @@ def _read_holdings(conn: Connection) -> _Holdings:
     gpus = reads.read_gpus(conn)
     span = reads.sample_span(conn) or rollup_span(conn)
     now_ms = span[1] if span else int(time.time() * 1000)
-    tenures = build_tenures(pods, gpus, reads.read_assignments(conn), now_ms=now_ms)
+    tenures = build_tenures(
+        pods, gpus, reads.read_assignments(conn), now_ms=now_ms, nodes=reads.read_nodes(conn)
+    )
     return _Holdings(pods, gpus, tenures)
 
 
@@ -176,6 +178,7 @@ def _explain(
     from auditor.report.explain import build_explanation
     from auditor.report.targets import resolve_target
     from auditor.report.timeline import bucketise
+    from auditor.store import reads
     from auditor.store.rollup import read_audit_samples
 
     label, uids = resolve_target(held.pods, target)
@@ -190,11 +193,24 @@ def _explain(
     cards = set(gang["gpu"])
     ids = [int(i) for i, u in zip(held.gpus["id"], held.gpus["uuid"], strict=True) if u in cards]
     samples = read_audit_samples(conn, start_ms=g_lo, end_ms=g_hi, gpu_ids=ids)
+    uuid_of = {int(i): str(u) for i, u in zip(held.gpus["id"], held.gpus["uuid"], strict=True)}
+    activity = reads.read_tenant_util(conn, [(i, g_lo, g_hi) for i in ids], uuid_of)
+    # the other tenants of a shared card decide the target's part of it (SPEC §7)
+    on_cards = tenures[tenures["gpu"].isin(cards) & ~tenures.index.isin(gang.index)]
+    context = pd.concat([gang, on_cards]) if len(on_cards) else gang
     # The target's tenures hold every piece of its cards: their results for this window are
     # their results for the explained span [lo, hi) below, and the gang's findings are clipped
     # to when the target held cards.
     held_span = Window(int(mine["start_ms"].min()), int(mine["end_ms"].max()))
-    found = classify(samples, gang, window=held_span, thresholds=thresholds, keep_pieces=True)
+    found = classify(
+        samples,
+        context,
+        window=held_span,
+        thresholds=thresholds,
+        keep_pieces=True,
+        cards=held.gpus,
+        activity=activity,
+    )
     assert found.pieces is not None
     pieces = found.pieces[found.pieces["pod_uid"].isin(uids)]
     if pieces.empty:
@@ -205,7 +221,9 @@ def _explain(
         window=(lo, hi),
         timelines=bucketise(pieces, span=(lo, hi), buckets=buckets),
         results=found.results,
-        findings=found.findings,
+        findings=found.findings[
+            found.findings["gang"].isin(set(gang["gang"])) | found.findings["pod_uid"].isin(uids)
+        ],
         pods=held.pods,
         gpus=held.gpus,
     )

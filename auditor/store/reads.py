@@ -274,19 +274,23 @@ def runs_in_window(conn: Connection, *, start_ms: int | None, end_ms: int | None
 
 def read_results(conn: Connection, run_ids: Sequence[int]) -> pd.DataFrame:
     """Results of runs joined with the card's node/model/utilisation source and the pod's
-    attributes."""
+    attributes. `card` is the physical card (a MIG instance's parent, else the GPU itself),
+    whose model `gpu_model` is (the price of an instance is its card's)."""
+    parent = gpus.alias("parent")
     stmt = (
         select(
             audit_results.c.run_id,
             gpus.c.uuid.label("gpu"),
+            func.coalesce(gpus.c.parent_uuid, gpus.c.uuid).label("card"),
             gpus.c.node,
-            gpus.c.model.label("gpu_model"),
+            func.coalesce(parent.c.model, gpus.c.model).label("gpu_model"),
             gpus.c.util_source,
             audit_results.c.pod_uid,
             audit_results.c.category,
             audit_results.c.seconds,
             audit_results.c.inferred,
             audit_results.c.estimated,
+            audit_results.c.share,
             pods.c.namespace,
             pods.c.name.label("pod"),
             pods.c.team,
@@ -297,12 +301,14 @@ def read_results(conn: Connection, run_ids: Sequence[int]) -> pd.DataFrame:
             pods.c.gang,
         )
         .join(gpus, gpus.c.id == audit_results.c.gpu_id)
+        .outerjoin(parent, parent.c.uuid == gpus.c.parent_uuid)
         .outerjoin(pods, pods.c.uid == audit_results.c.pod_uid)
         .where(audit_results.c.run_id.in_(list(run_ids)))
     )
     cols = [
         "run_id",
         "gpu",
+        "card",
         "node",
         "gpu_model",
         "util_source",
@@ -311,6 +317,7 @@ def read_results(conn: Connection, run_ids: Sequence[int]) -> pd.DataFrame:
         "seconds",
         "inferred",
         "estimated",
+        "share",
         "namespace",
         "pod",
         "team",
@@ -324,6 +331,7 @@ def read_results(conn: Connection, run_ids: Sequence[int]) -> pd.DataFrame:
     df["seconds"] = df["seconds"].astype("float64")
     df["inferred"] = df["inferred"].astype(bool)
     df["estimated"] = df["estimated"].astype(bool)
+    df["share"] = df["share"].astype("float64")
     df["rank"] = df["rank"].astype("Int64")
     return df
 

@@ -209,6 +209,7 @@ audit_results = Table(
     Column("seconds", Float, nullable=False),
     Column("inferred", Boolean, nullable=False),
     Column("estimated", Boolean, nullable=False, server_default=false()),
+    Column("share", Float, nullable=True),
     Index("ix_audit_results_run", "run_id"),
 )
 """GPU-seconds per (run, card, pod or none, category); pod attributes are joined on read."""

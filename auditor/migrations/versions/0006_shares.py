@@ -1,7 +1,7 @@
 """Shared and partitioned GPUs (SPEC §7): shares per pod, MIG profiles, per-tenant activity.
 
 Revision ID: 0006
-Revises: 0007_outputs (it came after 0005 on a parallel branch: it goes last)
+Revises: 0005
 Create Date: 2026-12-03
 
 Pods say how they ask for a share of a card (`share_kind`, `gpu_share`, `gpu_mem_mib`,
@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0006"
-down_revision: str | Sequence[str] | None = "0007_outputs"
+down_revision: str | Sequence[str] | None = "0005"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
@@ -40,6 +40,7 @@ def upgrade() -> None:
         batch.add_column(
             sa.Column("estimated", sa.Boolean(), nullable=False, server_default=sa.false())
         )
+        batch.add_column(sa.Column("share", sa.Float(), nullable=True))
     op.create_table(
         "gpu_tenant_util",
         sa.Column("gpu_id", sa.Integer(), nullable=False),
@@ -54,6 +55,7 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.drop_table("gpu_tenant_util")
     with op.batch_alter_table("audit_results") as batch:
+        batch.drop_column("share")
         batch.drop_column("estimated")
     with op.batch_alter_table("gpu_assignments") as batch:
         batch.drop_column("share")

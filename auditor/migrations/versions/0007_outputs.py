@@ -1,7 +1,7 @@
 """Outputs, latency histograms and SM activity per audit (SPEC §8).
 
-Revision ID: 0007_outputs
-Revises: 0005
+Revision ID: 0007
+Revises: 0006
 Create Date: 2026-12-03
 
 `outputs` holds useful output per pod and interval (counter increases from Prometheus, rows
@@ -17,8 +17,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0007_outputs"
-down_revision: str | Sequence[str] | None = "0005"
+revision: str = "0007"
+down_revision: str | Sequence[str] | None = "0006"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
