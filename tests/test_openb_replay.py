@@ -50,7 +50,6 @@ def test_the_audit_conserves_physical_capacity(day: DayFigures) -> None:
     assert day.held_h + day.unallocated_h == pytest.approx(day.capacity_h, rel=1e-6)
 
 
-@pytest.mark.xfail(reason="needs h-shares-src and classifier shares", strict=False)
 def test_the_audit_matches_the_trace_fractional_share(day: DayFigures) -> None:
     assert day.held_h == pytest.approx(day.trace_held_h, rel=0.01)
     assert day.fractional_share == pytest.approx(day.trace_fractional_share, rel=0.01)

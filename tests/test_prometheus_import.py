@@ -434,7 +434,9 @@ def test_a_mig_instance_with_only_gr_engine_active_is_41_percent_and_reported(
     done = runner.invoke(app, ["--db", migrated, "report", "--by", "gpu", "--format", "json"])
     assert done.exit_code == 0, done.output
     rows = {r["gpu"]: r for r in json.loads(done.output)}
-    assert rows["GPU-H1/gi3"]["util_source"] == GR_ENGINE
+    # --by gpu shows physical cards (SPEC §7): the instance is a part of GPU-H1
+    assert "GPU-H1/gi3" not in rows
+    assert rows["GPU-H1"]["util_source"] == GR_ENGINE
     assert rows["GPU-H0"]["util_source"] == "DCGM_FI_DEV_GPU_UTIL"
     assert list(rows["GPU-H0"])[:3] == ["node", "gpu", "util_source"]
     csv_out = runner.invoke(app, ["--db", migrated, "report", "--by", "gpu", "--format", "csv"])
@@ -442,7 +444,7 @@ def test_a_mig_instance_with_only_gr_engine_active_is_41_percent_and_reported(
     table = runner.invoke(app, ["--db", migrated, "report", "--by", "gpu"]).output
     assert f"Utilisation of 1 GPU from {GR_ENGINE} (MIG instances)." in table
     [mig_row] = [line for line in table.splitlines() if "GPU-H1" in line]
-    assert "GR_ENGI" in mig_row  # the metric, short (GR_ENGINE_ACTIVE) and cut to fit
+    assert "GR_ENG" in mig_row  # the metric, short (GR_ENGINE_ACTIVE) and cut to fit
     html = runner.invoke(app, ["--db", migrated, "report", "--format", "html"]).output
     assert f"Utilisation of 1 GPU from {GR_ENGINE} (MIG instances)." in html
 

@@ -361,7 +361,6 @@ def _hours(truth: pd.DataFrame) -> pd.DataFrame:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(reason="needs h-shares-src and classifier shares", strict=False)
 def test_shared_audit_matches_truth(tmp_path: Path, shared: SharedResult) -> None:
     """The audit of the preset's files lands within 1 % of each team's held GPU-hours of the
     truth the inputs allow: the cards' utilisation is all nvidia-smi and dcgm give of the

@@ -109,8 +109,10 @@ def _column(frame: pd.DataFrame, name: str) -> list[Any]:
 
 
 def _node_gpus(gpus: pd.DataFrame) -> dict[tuple[str, bool], list[str]]:
-    """Per (node, is MIG): GPU UUIDs in index order (no index last, then by UUID)."""
+    """Per (node, is MIG): GPU UUIDs in index order (no index last, then by UUID). A card
+    carved into MIG instances is in neither pool: nobody can be given it whole."""
     out: dict[tuple[str, bool], list[tuple[int, int, str]]] = defaultdict(list)
+    carved = {_text(p) for p in _column(gpus, "parent_uuid")} - {None}
     for uuid, node, index, parent in zip(
         gpus["uuid"].tolist(),
         gpus["node"].tolist(),
@@ -119,7 +121,7 @@ def _node_gpus(gpus: pd.DataFrame) -> dict[tuple[str, bool], list[str]]:
         strict=True,
     ):
         node_s, uuid_s = _text(node), _text(uuid)
-        if node_s is None or uuid_s is None:
+        if node_s is None or uuid_s is None or uuid_s in carved:
             continue
         idx = _num(index)
         key = (0, idx, uuid_s) if idx is not None else (1, 0, uuid_s)

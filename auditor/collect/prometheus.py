@@ -684,6 +684,9 @@ def read_chunk(
         if from_util or from_engine:
             gpu = replace(gpu, util_source=GR_ENGINE if from_engine > from_util else GPU_UTIL)
         out.gpus[uuid] = gpu
+    for gpu in list(out.gpus.values()):  # a MIG instance's physical card: its uncarved slices
+        if gpu.parent_uuid is not None and gpu.parent_uuid not in out.gpus:
+            out.gpus[gpu.parent_uuid] = GpuRecord(gpu.parent_uuid, gpu.node, None, gpu.model)
     out.holdings = spans(held, step_ms=step_ms)
     return out
 

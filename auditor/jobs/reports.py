@@ -111,7 +111,11 @@ def _read_report(
         no_wait = rows["straggler_wait_gpu_hours"] <= 0
         rows.loc[no_wait, STRAGGLER_COLUMNS] = None
     if by is GroupBy.GPU:  # which metric each card's utilisation came from
-        source = results[["gpu", "util_source"]].drop_duplicates("gpu")
+        # a physical card's row: its own source, else its MIG instances'
+        on_card = results.assign(gpu=results["card"]) if "card" in results else results
+        source = on_card.sort_values("util_source", na_position="last", kind="stable")[
+            ["gpu", "util_source"]
+        ].drop_duplicates("gpu")
         rows = rows.merge(source, on="gpu", how="left")
         rows.insert(list(rows.columns).index("gpu") + 1, "util_source", rows.pop("util_source"))
     keys = GROUP_COLUMNS[by]
@@ -174,6 +178,8 @@ def explain(url: str, target: str, *, thresholds: Thresholds, buckets: int = 600
 def _explain(
     conn: Connection, held: _Holdings, target: str, *, thresholds: Thresholds, buckets: int
 ) -> Explanation:
+    import pandas as pd
+
     from auditor.classify.engine import Window, classify
     from auditor.report.explain import build_explanation
     from auditor.report.targets import resolve_target
