@@ -5,7 +5,8 @@ the pods that share it (as the importers store them: resources, shares, node lab
 exact assignments), and the GPU-hours each tenant and the platform must get per category,
 computed by hand from SPEC §7's split in the comment beside it. Tenures come from
 `build_tenures` (so the share each pod is given is part of what is tested), the split from
-`classify`.
+`classify`; then once more through the store (SQLite and PostgreSQL), the audit job and the
+report, as a user gets them.
 """
 
 from __future__ import annotations
@@ -348,3 +349,127 @@ def test_whole_cards_are_not_placed_on_shared_ones() -> None:
 )
 def test_mig_share(profile: str | None, model: str | None, share: float | None) -> None:
     assert mig_share(profile, model) == (pytest.approx(share) if share is not None else None)
+
+
+def _store_case(url: str, case: Case) -> None:
+    """The case's pods, nodes, cards, samples, assignments and tenants' utilisation written
+    through the store's own writes, as the importers and the sampler write them."""
+    from auditor.jobs.common import open_store
+    from auditor.model import GpuRecord, GpuSample, PodRecord, TenantSample, WorkloadKind
+    from auditor.store import writes
+
+    engine = open_store(url)
+    try:
+        with engine.begin() as conn:
+            ids = writes.upsert_gpus(
+                conn,
+                [
+                    GpuRecord(
+                        c["uuid"],
+                        c["node"],
+                        c["gpu_index"],
+                        c["model"],
+                        c["memory_total_mib"],
+                        c["parent_uuid"],
+                        mig_profile=c["mig_profile"],
+                    )
+                    for c in case.cards
+                ],
+            )
+            writes.insert_samples(
+                conn,
+                [
+                    GpuSample(g, int(t), None if np.isnan(u) else float(u))
+                    for g, t, u in case.samples[["gpu", "ts_ms", "util"]].itertuples(index=False)
+                ],
+                ids,
+            )
+            writes.upsert_nodes(
+                conn,
+                [
+                    {
+                        "name": "n1",
+                        "gpu_model": None,
+                        "gpu_capacity": 1,
+                        "gpu_allocatable": 1,
+                        "unschedulable": False,
+                        "labels": case.labels,
+                        "resource_version": None,
+                        "updated_ms": 0,
+                    }
+                ],
+            )
+            writes.upsert_pods(
+                conn,
+                [
+                    PodRecord(
+                        uid=p["uid"],
+                        namespace=p["namespace"],
+                        name=p["name"],
+                        node=p["node"],
+                        team=p["namespace"],
+                        job=f"Pod/{p['name']}",
+                        job_kind="Pod",
+                        workload=WorkloadKind.OTHER,
+                        gang=p["uid"],
+                        gpu_count=p["gpu_count"],
+                        gpu_resource=p["gpu_resource"],
+                        bound_ms=p["bound_ms"],
+                        finished_ms=p["finished_ms"],
+                        share_kind=p["share_kind"],
+                        gpu_share=p["gpu_share"],
+                        gpu_mem_mib=p["gpu_mem_mib"],
+                        gpu_mem_share=p["gpu_mem_share"],
+                    )
+                    for p in case.pods
+                ],
+            )
+            if case.assignments:
+                writes.upsert_assignments(
+                    conn,
+                    [(a["pod_uid"], ids[a["gpu_uuid"]], 0) for a in case.assignments],
+                    source="test",
+                    shares={
+                        (a["pod_uid"], ids[a["gpu_uuid"]]): (a["replicas"], a["share"])
+                        for a in case.assignments
+                    },
+                )
+            if case.activity is not None:
+                writes.insert_tenant_samples(
+                    conn,
+                    [
+                        TenantSample(g, p, int(t), float(u))
+                        for g, p, t, u in case.activity[
+                            ["gpu", "pod_uid", "ts_ms", "util"]
+                        ].itertuples(index=False)
+                    ],
+                    ids,
+                )
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_decision_table_through_the_store(db_url: str, name: str) -> None:
+    """The same cases stored (SQLite and PostgreSQL), audited and reported as a user would:
+    the same GPU-hours per pod and category, the same estimated attribution."""
+    from auditor import jobs
+    from auditor.report.summary import GroupBy
+
+    case = CASES[name]
+    jobs.db_upgrade(db_url)
+    _store_case(db_url, case)
+
+    jobs.audit(db_url, window=(0, HOUR), thresholds=TH)
+    report = jobs.build_report(db_url, start_ms=None, end_ms=None, by=GroupBy.POD, team=None)
+
+    rows = report.rows.set_index("pod")
+    for (pod_uid, cat), want in case.expected.items():
+        key = "(platform)" if pod_uid is None else pod_uid
+        assert rows.loc[key, f"{cat}_gpu_hours"] == pytest.approx(want, abs=1e-9), (key, cat)
+    assert report.totals["capacity_gpu_hours"] == pytest.approx(1.0, abs=1e-9)
+    for pod_uid in case.estimated:
+        assert rows.loc[pod_uid, "estimated_share"] == pytest.approx(1.0)
+    held = [p for p, _ in case.expected if p is not None]
+    for pod_uid in set(held) - case.estimated:
+        assert rows.loc[pod_uid, "estimated_share"] == pytest.approx(0.0)
