@@ -473,3 +473,43 @@ def test_decision_table_through_the_store(db_url: str, name: str) -> None:
     held = [p for p, _ in case.expected if p is not None]
     for pod_uid in set(held) - case.estimated:
         assert rows.loc[pod_uid, "estimated_share"] == pytest.approx(0.0)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "MIG with carved-but-free and uncarved slices",
+        "time-slicing, 2 tenants of 1 and 2 replicas, a free replica",
+        "oversubscribed shares are scaled to the card",
+    ],
+)
+def test_finance_charges_shares_and_reconciles_to_capacity(tmp_path: Any, name: str) -> None:
+    """The weekly CSV charges each pod's team its share and the platform the free share: its
+    allocated cost adds up to the card's capacity × price, and a MIG instance is priced as
+    its card."""
+    import csv
+    import io
+
+    from auditor import jobs
+    from auditor.report.finance import parse_week
+    from auditor.settings import Config, Prices
+
+    url = f"sqlite:///{tmp_path / 'auditor.db'}"
+    case = CASES[name]
+    _store_case(url, case)
+    week = parse_week("1970-W01")
+    jobs.audit(url, window=(week.start_ms, week.end_ms), thresholds=TH)
+    price = 3.0
+    model = "NVIDIA A100-SXM4-40GB" if name.startswith("MIG") else "NVIDIA H100 80GB HBM3"
+    config = Config(prices=Prices(default=1.0, by_model={model: price}))
+
+    rows = list(
+        csv.DictReader(io.StringIO(jobs.export_finance(url, week="1970-W01", config=config)))
+    )
+
+    assert {r["gpu_model"] for r in rows} == {model}
+    assert sum(float(r["allocated_cost"]) for r in rows) == pytest.approx(1.0 * price)
+    teams = {r["team"]: float(r["allocated_gpu_hours"]) for r in rows}
+    held = sum(v for (p, _), v in case.expected.items() if p is not None)
+    assert teams["ml"] == pytest.approx(held, abs=1e-4)
+    assert teams.get("(platform)", 0.0) == pytest.approx(1.0 - held, abs=1e-4)
