@@ -117,7 +117,7 @@ def test_card_reads_return_what_the_general_reader_returns(engine: Engine) -> No
     with engine.connect() as conn:
         empty = reads.read_card_samples(conn, [], uuids)
     assert len(empty) == 0
-    assert list(empty.columns) == ["gpu", "ts_ms", "util", "throttle_reasons"]
+    assert list(empty.columns) == ["gpu", "ts_ms", "util", "throttle_reasons", "sm_active"]
 
 
 def _fleet() -> tuple[pd.DataFrame, pd.DataFrame]:
