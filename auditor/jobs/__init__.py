@@ -32,6 +32,7 @@ from auditor.jobs.reports import (
 )
 from auditor.jobs.retention import RetentionStats, rollup
 from auditor.jobs.services import SampleOptions, WatchOptions, sample, watch
+from auditor.jobs.whatif import whatif
 
 __all__ = [
     "AUDIT_CHUNK_SAMPLES",
@@ -68,4 +69,5 @@ __all__ = [
     "simulate",
     "truth_check",
     "watch",
+    "whatif",
 ]
