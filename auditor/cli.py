@@ -584,6 +584,14 @@ def report(
     out: Annotated[
         Path | None, typer.Option("--out", help="Write to this file instead of stdout.")
     ] = None,
+    policy: Annotated[
+        list[str],
+        typer.Option(
+            "--policy",
+            help="With --format html: also replay this idle policy over the window "
+            "(repeatable; as `auditor whatif --policy`).",
+        ),
+    ] = [],  # noqa: B006 - typer reads the default, never mutates it
 ) -> None:
     """GPU-hours per category and group, shares, utilisation spread, top offenders."""
     from auditor import jobs
@@ -593,7 +601,11 @@ def report(
 
     with user_errors():
         window = parse_window(start, end, None)
+        if policy and fmt is not Format.HTML:
+            raise InputError("--policy goes with --format html", field="--policy")
         if fmt is Format.HTML:
+            from auditor.classify.whatif import parse_policy
+
             text = jobs.build_report_html(
                 state.db_url,
                 start_ms=window[0] if window else None,
@@ -601,6 +613,7 @@ def report(
                 by=GroupBy(by.value),
                 team=team,
                 thresholds=state.config().thresholds,
+                policies=[parse_policy(p) for p in policy],
             )
             if out is not None:
                 write_atomically(out, text)
