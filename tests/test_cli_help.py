@@ -25,6 +25,7 @@ COMMANDS: list[list[str]] = [
     ["audit"],
     ["report"],
     ["explain"],
+    ["whatif"],
     ["export", "finance"],
     ["rollup"],
     ["simulate"],
