@@ -73,7 +73,7 @@ class Node:
             m = STREAK.match(line)
             if m:
                 labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group("labels")))
-                assert labels["node"] == "node-a" and labels["namespace"] == "ml"
+                assert (labels["node"], labels["namespace"]) == ("node-a", "ml")
                 out[(labels["gpu"], labels["pod"])] = float(m.group("value"))
         return out
 

@@ -244,9 +244,7 @@ def build_report_html(
                 except InputError:
                     continue  # a job whose pods are gone from the store: no timeline to draw
             replayed = (
-                replay_stored(
-                    conn, policies=policies, window=report.window, thresholds=thresholds
-                )
+                replay_stored(conn, policies=policies, window=report.window, thresholds=thresholds)
                 if policies
                 else None
             )
