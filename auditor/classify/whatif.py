@@ -29,17 +29,17 @@ and rounded in the renderers, so the same store gives the same bytes.
 
 from __future__ import annotations
 
-import math
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
-from auditor.errors import InputError
+from auditor.classify.policy import Policy, parse_policy
 from auditor.model import WasteCategory
 from auditor.settings import Thresholds
+
+__all__ = ["Policy", "WhatIf", "card_rows", "parse_policy", "replay", "replay_pods", "what_if"]
 
 RELEASED = [
     WasteCategory.RESERVED_IDLE,
@@ -50,101 +50,6 @@ RELEASED = [
     WasteCategory.STRAGGLER_WAIT,
 ]
 """Categories a stop can release, in the order the outputs show them."""
-
-UTIL_EPSILON = 1e-9
-"""Utilisation is recovered from seconds (busy / length): compare with this much slack."""
-
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-_FIELDS = ("idle", "kind", "team", "grace", "util")
-
-
-@dataclass(frozen=True)
-class Policy:
-    """One culling policy as `parse_policy` reads it."""
-
-    text: str
-    """The spec as given (stripped): the policy's name in every output."""
-    idle_ms: int
-    kind: str | None = None
-    team: str | None = None
-    grace_ms: int = 0
-    util_below: float | None = None
-    """A row is idle when its utilisation is below this (percent); None: the classifier's
-    test, at most `idle_threshold_pct`."""
-
-    def idle(self, util: np.ndarray, thresholds: Thresholds) -> np.ndarray:
-        if self.util_below is None:
-            return np.asarray(util <= thresholds.idle_threshold_pct + UTIL_EPSILON)
-        return np.asarray(util < self.util_below - UTIL_EPSILON)
-
-
-def _duration_ms(text: str, *, field: str) -> int:
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd])\s*", text)
-    if not m:
-        raise InputError(f"not a duration like 30m, 2h, 1d: {text.strip()!r}", field=field)
-    return round(float(m.group(1)) * _UNITS[m.group(2)] * 1000)
-
-
-def parse_policy(text: str) -> Policy:
-    """`idle>=2h[,kind=Notebook][,team=research][,grace=1h][,util<10]` → a Policy.
-
-    A bad spec raises one `InputError` naming the field (`--policy idle`, ...)."""
-    spec = text.strip()
-    values: dict[str, str] = {}
-    for raw in spec.split(","):
-        item = raw.strip()
-        m = re.fullmatch(r"([A-Za-z_]+)\s*(>=|<=|<|=)\s*(.*)", item)
-        if not m:
-            raise InputError(
-                f"expected NAME=VALUE, idle>=DURATION or util<PERCENT, got {item!r}",
-                field="--policy",
-            )
-        name, op, value = m.group(1).lower(), m.group(2), m.group(3).strip()
-        field = f"--policy {name}"
-        if name not in _FIELDS:
-            raise InputError(f"unknown field {name!r} (known: {', '.join(_FIELDS)})", field=field)
-        if name in values:
-            raise InputError(f"{name} given twice in {spec!r}", field=field)
-        wanted = {"idle": (">=",), "util": ("<", "<=")}.get(name, ("=",))
-        if op not in wanted:
-            raise InputError(f"{name} takes {' or '.join(wanted)}, got {op!r}", field=field)
-        if not value:
-            raise InputError(f"{name} has no value", field=field)
-        values[name] = f"{op}{value}" if name == "util" else value
-    if "idle" not in values:
-        raise InputError(
-            f"a policy needs an idle length, e.g. idle>=2h: {spec!r}", field="--policy idle"
-        )
-    idle_ms = _duration_ms(values["idle"], field="--policy idle")
-    if idle_ms <= 0:
-        raise InputError("the idle length must be positive", field="--policy idle")
-    util_below: float | None = None
-    if "util" in values:
-        op, number = (
-            ("<=", values["util"][2:])
-            if values["util"].startswith("<=")
-            else (
-                "<",
-                values["util"][1:],
-            )
-        )
-        try:
-            pct = float(number)
-        except ValueError:
-            raise InputError(f"not a percentage: {number!r}", field="--policy util") from None
-        if not 0 < pct <= 100 or math.isnan(pct):
-            raise InputError(f"a percentage in (0, 100], got {number!r}", field="--policy util")
-        # util<=N is util<N+ε: both compare against the utilisation as stored
-        util_below = pct + 2 * UTIL_EPSILON if op == "<=" else pct
-    return Policy(
-        text=spec,
-        idle_ms=idle_ms,
-        kind=values.get("kind"),
-        team=values.get("team"),
-        grace_ms=_duration_ms(values["grace"], field="--policy grace") if "grace" in values else 0,
-        util_below=util_below,
-    )
-
 
 # ---------------------------------------------------------------- rows from pieces
 
@@ -265,7 +170,23 @@ def _in_scope(pods: pd.DataFrame, policy: Policy) -> np.ndarray:
     return keep
 
 
-def replay(
+POD_OUT = [
+    "policy",
+    "pod_uid",
+    "gang",
+    "team",
+    "stop_ms",
+    "stopped",
+    "false_stop",
+    "released",
+    *(_released_col(c) for c in RELEASED),
+    "lost",
+    "held_idle",
+    "spared_streak_ms",
+]
+
+
+def replay_pods(
     rows: pd.DataFrame,
     *,
     pods: pd.DataFrame,
@@ -273,8 +194,11 @@ def replay(
     policies: Sequence[Policy],
     window: tuple[int, int],
     thresholds: Thresholds,
-) -> WhatIf:
-    """Replay each policy over `rows` (`card_rows` of pieces covering whole tenures).
+) -> pd.DataFrame:
+    """Each policy replayed over `rows` (`card_rows` of pieces covering whole tenures): one
+    row per policy (its position in `policies`) and pod in its scope, columns `POD_OUT`
+    (seconds; `stop_ms` NaN where the pod's job was never stopped; `stopped` where it was,
+    within the window). Every card of a gang must be in `rows` for its stop to be right.
 
     `pods`: uid, team, job_kind (one row per pod). `tenures`: gpu, pod_uid, gang, start_ms
     (the binding on that card), as `build_tenures` makes them."""
@@ -290,7 +214,7 @@ def replay(
     end = rows["end_ms"].to_numpy(dtype=np.int64)
     length = np.maximum(end - start, 1).astype(np.float64)
     observed = rows["observed"].to_numpy(dtype=np.bool_)
-    util = rows["util"].to_numpy(dtype=np.float64)
+    util = np.nan_to_num(rows["util"].to_numpy(dtype=np.float64), nan=100.0)
     idx = pd.MultiIndex.from_arrays([rows["gpu"], rows["pod_uid"]])
     card_bound = bound.reindex(idx).to_numpy(dtype=np.float64)
     card_bound = np.where(np.isnan(card_bound), start, card_bound).astype(np.int64)
@@ -301,86 +225,90 @@ def replay(
     in_window = np.clip(np.minimum(end, w1) - np.maximum(start, w0), 0, None) / length
     cat_seconds = np.stack([rows[str(c)].to_numpy(dtype=np.float64) for c in RELEASED], axis=1)
     busy = rows["busy"].to_numpy(dtype=np.float64)
-    idle_held = cat_seconds.sum(axis=1)
-    pod_scope_all = info.reindex(pd.Index(sorted(set(pod.tolist())))).reset_index(names="uid")
+    idle_held = cat_seconds.sum(axis=1) * in_window
+    # scope is decided over every pod of the tenures, with samples or not
+    present = info.reindex(pd.Index(sorted(gang_of.index))).reset_index(names="uid")
+    pod_series = pd.Series(pod, dtype=object)
+    gang_series = pd.Series(gang, dtype=object)
 
-    out_rows: list[pd.DataFrame] = []
-    out_stops: list[pd.DataFrame] = []
-    for policy in policies:
-        eligible_pods = set(pod_scope_all["uid"][_in_scope(pod_scope_all, policy)].tolist())
-        pod_eligible = np.array([p in eligible_pods for p in pod.tolist()], dtype=np.bool_)
-        eligible_gangs = set(gang[pod_eligible].tolist())
-        scope = np.array([g in eligible_gangs for g in gang.tolist()], dtype=np.bool_)
+    out: list[pd.DataFrame] = []
+    for number, policy in enumerate(policies):
+        eligible_pods = present["uid"][_in_scope(present, policy)]
+        pod_eligible = pod_series.isin(eligible_pods).to_numpy(dtype=np.bool_)
+        scope = gang_series.isin(gang_of.reindex(eligible_pods)).to_numpy(dtype=np.bool_)
 
-        idle = observed & policy.idle(np.nan_to_num(util, nan=100.0), thresholds)
+        idle = observed & policy.idle(util, thresholds)
         active = observed & ~idle
         counted_from = np.maximum(start, card_bound + policy.grace_ms)
         counted = np.where(idle, np.clip(end - counted_from, 0, None), 0).astype(np.int64)
+        # observed idle time so far in each card's current stretch (an active row ends one)
         run = np.cumsum(active | new_card)
         total = np.cumsum(counted)
-        run_first = np.flatnonzero(np.r_[True, run[1:] != run[:-1]]) if run.size else run
-        base = np.zeros(run.size, dtype=np.int64)
+        cum = total
         if run.size:
-            starts_total = total[run_first] - counted[run_first]
-            base = np.repeat(starts_total, np.diff(np.r_[run_first, run.size]))
-        cum = total - base
+            first = np.flatnonzero(np.r_[True, run[1:] != run[:-1]])
+            cum = total - np.repeat(total[first] - counted[first], np.diff(np.r_[first, run.size]))
         fires = pod_eligible & idle & (counted > 0) & (cum >= policy.idle_ms)
-        fire_at = end - (cum - policy.idle_ms)
-        fired = pd.DataFrame({"gang": gang[fires], "at": fire_at[fires]})
-        stop_of = fired.groupby("gang", sort=True)["at"].min()
-        stop_ms = stop_of.reindex(gang).to_numpy(dtype=np.float64)
+        fired = pd.DataFrame({"gang": gang[fires], "at": (end - (cum - policy.idle_ms))[fires]})
+        stop_ms = fired.groupby("gang")["at"].min().reindex(gang).to_numpy(dtype=np.float64)
         stopped = scope & ~np.isnan(stop_ms)
         stop_row = np.where(stopped, stop_ms, np.inf)
         after = np.clip(np.minimum(end, w1) - np.maximum(start, np.maximum(stop_row, w0)), 0, None)
         after = np.where(stopped, after / length, 0.0)
         released = cat_seconds * after[:, None]
-        lost = busy * after
-        active_after = stopped & active & (end > stop_row)
-        held_after = stopped & (end > stop_row)
 
         per_row = pd.DataFrame(
             {
                 "pod_uid": pod,
                 "gang": gang,
                 "team": team,
-                "scope": scope,
                 "eligible": pod_eligible,
                 "stop_ms": stop_ms,
-                "held_after": held_after,
-                "active_after": active_after,
-                "lost": lost,
+                "held_after": stopped & (end > stop_row),
+                "active_after": stopped & active & (end > stop_row),
+                "lost": busy * after,
                 "released": released.sum(axis=1),
-                "held_idle": np.where(scope, idle_held * in_window, 0.0),
+                "held_idle": idle_held,
                 "streak": np.where(pod_eligible & (end > w0) & (start < w1), cum, 0),
+                **{_released_col(c): released[:, i] for i, c in enumerate(RELEASED)},
             }
-        )
-        for i, c in enumerate(RELEASED):
-            per_row[_released_col(c)] = released[:, i]
-        per_pod = (
-            per_row[per_row["scope"]]
-            .groupby("pod_uid", sort=True)
-            .agg(
-                gang=("gang", "first"),
-                team=("team", "first"),
-                eligible=("eligible", "any"),
-                stop_ms=("stop_ms", "first"),
-                held_after=("held_after", "any"),
-                active_after=("active_after", "any"),
-                lost=("lost", "sum"),
-                released=("released", "sum"),
-                held_idle=("held_idle", "sum"),
-                streak=("streak", "max"),
-                **{_released_col(c): (_released_col(c), "sum") for c in RELEASED},
-            )
+        )[scope]
+        per_pod = per_row.groupby("pod_uid", sort=True).agg(
+            gang=("gang", "first"),
+            team=("team", "first"),
+            eligible=("eligible", "any"),
+            stop_ms=("stop_ms", "first"),
+            held_after=("held_after", "any"),
+            active_after=("active_after", "any"),
+            lost=("lost", "sum"),
+            released=("released", "sum"),
+            held_idle=("held_idle", "sum"),
+            streak=("streak", "max"),
+            **{_released_col(c): (_released_col(c), "sum") for c in RELEASED},
         )
         stop = per_pod["stop_ms"].to_numpy(dtype=np.float64)
-        counts = per_pod["held_after"].to_numpy() & (stop >= w0) & (stop < w1)
+        counts = per_pod["held_after"].to_numpy(dtype=np.bool_) & (stop >= w0) & (stop < w1)
         per_pod["stopped"] = counts
-        per_pod["false_stop"] = counts & per_pod["active_after"].to_numpy()
-        per_pod["spared_streak"] = np.where(
-            per_pod["eligible"].to_numpy() & np.isnan(stop), per_pod["streak"], 0
-        )
-        teams = per_pod.groupby("team", sort=True)
+        per_pod["false_stop"] = counts & per_pod["active_after"].to_numpy(dtype=np.bool_)
+        per_pod["spared_streak_ms"] = np.where(
+            per_pod["eligible"].to_numpy(dtype=np.bool_) & np.isnan(stop), per_pod["streak"], 0
+        ).astype(np.int64)
+        per_pod["policy"] = number
+        out.append(per_pod.reset_index()[POD_OUT])
+    if not out:
+        return pd.DataFrame(columns=POD_OUT)
+    return pd.concat(out, ignore_index=True)
+
+
+def summarise(
+    per_pod: pd.DataFrame, *, policies: Sequence[Policy], window: tuple[int, int]
+) -> WhatIf:
+    """`replay_pods` rows (of one replay, or of several chunks of pods) per policy and team."""
+    out_rows: list[pd.DataFrame] = []
+    out_stops: list[pd.DataFrame] = []
+    for number, policy in enumerate(policies):
+        mine = per_pod[per_pod["policy"] == number]
+        teams = mine.groupby("team", sort=True)
         agg = pd.DataFrame(
             {
                 "pods_stopped": teams["stopped"].sum().astype(np.int64),
@@ -389,12 +317,12 @@ def replay(
                 **{_released_col(c): teams[_released_col(c)].sum() / 3600.0 for c in RELEASED},
                 "busy_lost_gpu_hours": teams["lost"].sum() / 3600.0,
                 "held_idle_gpu_hours": teams["held_idle"].sum() / 3600.0,
-                "longest_spared_idle_hours": teams["spared_streak"].max() / 3_600_000.0,
+                "longest_spared_idle_hours": teams["spared_streak_ms"].max() / 3_600_000.0,
             }
         ).reset_index()
         agg.insert(0, "policy", policy.text)
         out_rows.append(agg[ROW_OUT])
-        hit = per_pod[per_pod["stopped"]].reset_index()
+        hit = mine[mine["stopped"].astype(bool)]
         out_stops.append(
             pd.DataFrame(
                 {
@@ -403,7 +331,7 @@ def replay(
                     "pod_uid": hit["pod_uid"].astype(str),
                     "team": hit["team"].astype(str),
                     "stop_ms": hit["stop_ms"].astype(np.int64),
-                    "false_stop": hit["active_after"].astype(bool),
+                    "false_stop": hit["false_stop"].astype(bool),
                     "released_gpu_hours": hit["released"] / 3600.0,
                     "busy_lost_gpu_hours": hit["lost"] / 3600.0,
                 }
@@ -416,10 +344,39 @@ def replay(
         pd.concat(out_stops, ignore_index=True) if out_stops else pd.DataFrame(columns=STOP_OUT)
     )
     return WhatIf(
-        window=window,
-        policies=tuple(p.text for p in policies),
-        rows=rows_out,
-        stops=stops_out,
+        window=window, policies=tuple(p.text for p in policies), rows=rows_out, stops=stops_out
+    )
+
+
+def replay(
+    rows: pd.DataFrame,
+    *,
+    pods: pd.DataFrame,
+    tenures: pd.DataFrame,
+    policies: Sequence[Policy],
+    window: tuple[int, int],
+    thresholds: Thresholds,
+) -> WhatIf:
+    """`replay_pods` summarised per policy and team."""
+    per_pod = replay_pods(
+        rows, pods=pods, tenures=tenures, policies=policies, window=window, thresholds=thresholds
+    )
+    return summarise(per_pod, policies=policies, window=window)
+
+
+def in_play(tenures: pd.DataFrame, window: tuple[int, int]) -> pd.DataFrame:
+    """The tenures of every gang that held a card in the window: a job is replayed whole."""
+    w0, w1 = window
+    overlap = (tenures["start_ms"] < w1) & (tenures["end_ms"] > w0)
+    return tenures[tenures["gang"].isin(set(tenures.loc[overlap, "gang"]))]
+
+
+def span(tenures: pd.DataFrame, window: tuple[int, int]) -> tuple[int, int]:
+    """The window stretched to the whole of `tenures`: what the replay classifies."""
+    if tenures.empty:
+        return window
+    return min(window[0], int(tenures["start_ms"].min())), max(
+        window[1], int(tenures["end_ms"].max())
     )
 
 
@@ -435,13 +392,12 @@ def what_if(
 ) -> WhatIf:
     """Classify the whole tenures that overlap `window` (SPEC §3 "Whole tenures") and replay
     each policy over them: a pod idle since before the window is stopped as a policy that had
-    been on all along would have stopped it."""
+    been on all along would have stopped it. Every gang that held a card in the window is
+    classified and replayed whole."""
     from auditor.classify.engine import Window, classify
 
-    w0, w1 = window
-    over = tenures[(tenures["start_ms"] < w1) & (tenures["end_ms"] > w0)]
-    lo = min(w0, int(over["start_ms"].min())) if len(over) else w0
-    hi = max(w1, int(over["end_ms"].max())) if len(over) else w1
+    over = in_play(tenures, window)
+    lo, hi = span(over, window)
     found = classify(
         samples,
         over,
