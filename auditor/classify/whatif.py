@@ -103,7 +103,8 @@ class WhatIf:
     pods_stopped, false_stops, released_gpu_hours, released_<category>_gpu_hours,
     busy_lost_gpu_hours, held_idle_gpu_hours (the scope's held non-busy, observed time in the
     window: what any policy could at most release), longest_spared_idle_hours.
-    `stops`: one per stopped gang and pod: policy, gang, pod_uid, team, stop_ms, false_stop,
+    `stops`: one per stopped gang and pod: policy, gang, pod (namespace/name where known),
+    pod_uid, team, stop_ms, false_stop,
     busy_lost_gpu_hours, released_gpu_hours; sorted by policy order, stop_ms, gang, pod.
     """
 
@@ -152,6 +153,7 @@ ROW_OUT = [
 STOP_OUT = [
     "policy",
     "gang",
+    "pod",
     "pod_uid",
     "team",
     "stop_ms",
@@ -173,6 +175,7 @@ def _in_scope(pods: pd.DataFrame, policy: Policy) -> np.ndarray:
 POD_OUT = [
     "policy",
     "pod_uid",
+    "pod",
     "gang",
     "team",
     "stop_ms",
@@ -200,8 +203,9 @@ def replay_pods(
     (seconds; `stop_ms` NaN where the pod's job was never stopped; `stopped` where it was,
     within the window). Every card of a gang must be in `rows` for its stop to be right.
 
-    `pods`: uid, team, job_kind (one row per pod). `tenures`: gpu, pod_uid, gang, start_ms
-    (the binding on that card), as `build_tenures` makes them."""
+    `pods`: uid, team, job_kind, optionally namespace and name (one row per pod).
+    `tenures`: gpu, pod_uid, gang, start_ms (the binding on that card), as `build_tenures`
+    makes them."""
     w0, w1 = window
     bound = tenures.groupby(["gpu", "pod_uid"], sort=False)["start_ms"].min()
     gang_of = tenures.drop_duplicates("pod_uid").set_index("pod_uid")["gang"].astype(str)
@@ -210,6 +214,10 @@ def replay_pods(
     pod = rows["pod_uid"].astype(str).to_numpy(dtype=object)
     gang = gang_of.reindex(pod).to_numpy(dtype=object)
     team = info["team"].reindex(pod).fillna("").astype(str).to_numpy(dtype=object)
+    label = pd.Series(pod, dtype=object)
+    if {"namespace", "name"} <= set(info.columns):  # namespace/name, as people know the pod
+        names = (info["namespace"].astype(str) + "/" + info["name"].astype(str)).reindex(pod)
+        label = names.fillna(label.set_axis(names.index)).reset_index(drop=True)
     start = rows["start_ms"].to_numpy(dtype=np.int64)
     end = rows["end_ms"].to_numpy(dtype=np.int64)
     length = np.maximum(end - start, 1).astype(np.float64)
@@ -260,6 +268,7 @@ def replay_pods(
         per_row = pd.DataFrame(
             {
                 "pod_uid": pod,
+                "pod": label.to_numpy(dtype=object),
                 "gang": gang,
                 "team": team,
                 "eligible": pod_eligible,
@@ -274,6 +283,7 @@ def replay_pods(
             }
         )[scope]
         per_pod = per_row.groupby("pod_uid", sort=True).agg(
+            pod=("pod", "first"),
             gang=("gang", "first"),
             team=("team", "first"),
             eligible=("eligible", "any"),
@@ -328,6 +338,7 @@ def summarise(
                 {
                     "policy": policy.text,
                     "gang": hit["gang"].astype(str),
+                    "pod": hit["pod"].astype(str),
                     "pod_uid": hit["pod_uid"].astype(str),
                     "team": hit["team"].astype(str),
                     "stop_ms": hit["stop_ms"].astype(np.int64),

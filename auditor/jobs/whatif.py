@@ -89,7 +89,7 @@ def replay_stored(
     hi = over.groupby("gpu")["end_ms"].max().clip(lower=window[1]) + READ_MARGIN_MS
     ranges = {str(u): (int(lo[u]), int(hi[u])) for u in lo.index}
     period_ms = max(1, round(thresholds.default_period_s * 1000))
-    info = pods[["uid", "team", "job_kind"]]
+    info = pods[["uid", "namespace", "name", "team", "job_kind"]]
     per_pod = []
     for own, context in audit_parts(
         gpus[gpus["uuid"].isin(ranges)],
