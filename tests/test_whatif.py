@@ -441,3 +441,48 @@ def test_chunks_of_nodes_give_the_same_bytes_as_one_pass(demo_db: str) -> None:
     assert render_whatif_json(apart) == render_whatif_json(whole)
     assert render_whatif_csv(apart) == render_whatif_csv(whole)
     assert whole.totals()["pods_stopped"].sum() > 0  # not vacuous: some stops to agree on
+
+
+GOLDEN = Path(__file__).parent / "fixtures" / "whatif"
+
+
+@pytest.mark.parametrize(
+    ("name", "render"),
+    [
+        ("side_by_side.json", render_whatif_json),
+        ("side_by_side.csv", render_whatif_csv),
+        ("side_by_side.txt", render_whatif_table),
+    ],
+)
+def test_golden_outputs(name: str, render: Any) -> None:
+    """A notebook back after 5 h and a gang with one idle rank under three policies, as a
+    user reads them. `AUDITOR_UPDATE_GOLDEN=1` rewrites the files (review the diff)."""
+    import os
+
+    pods = [
+        Pod("nb", NOTEBOOK),
+        Pod("r0", [80.0] * 240, gang="ml/job", kind="PyTorchJob", team="nlp"),
+        Pod("r1", [80.0] * 30 + [0.0] * 210, gang="ml/job", kind="PyTorchJob", team="nlp"),
+    ]
+    policies = ["idle>=2h", "idle>=30m,kind=Notebook", "idle>=6h"]
+    samples, tenures = [], []
+    for p in pods:
+        samples += [(f"gpu-{p.uid}", i * M, u) for i, u in enumerate(p.utils)]
+        tenures.append((f"gpu-{p.uid}", p.uid, p.gang or f"pod/{p.uid}", 0, len(p.utils) * M))
+    result = what_if(
+        pd.DataFrame(samples, columns=["gpu", "ts_ms", "util"]),
+        pd.DataFrame(tenures, columns=["gpu", "pod_uid", "gang", "start_ms", "end_ms"]),
+        pods=pd.DataFrame(
+            [(p.uid, "ml", f"{p.uid}-0", p.team, p.kind) for p in pods],
+            columns=["uid", "namespace", "name", "team", "job_kind"],
+        ),
+        policies=[parse_policy(p) for p in policies],
+        window=(0, 420 * M),
+        thresholds=TH,
+    )
+    text = render(result)
+    path = GOLDEN / name
+    if os.environ.get("AUDITOR_UPDATE_GOLDEN"):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(text.encode())
+    assert text == path.read_bytes().decode(), f"{name} changed: AUDITOR_UPDATE_GOLDEN=1"

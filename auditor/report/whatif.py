@@ -18,6 +18,9 @@ from auditor.classify.whatif import RELEASED, WhatIf
 from auditor.report.render import HOURS_DECIMALS
 from auditor.report.text import csv_cell, html_text, safe_lines, terminal_safe
 
+STOPS_SHOWN = 25
+"""Stopped pods listed per policy in the HTML section (the JSON lists them all)."""
+
 SHORT = {
     "reserved_idle": "resv idle",
     "compute_idle": "comp idle",
@@ -91,7 +94,7 @@ def _h(v: float) -> str:
     return f"{v:,.1f}"
 
 
-def render_whatif_table(result: WhatIf, *, width: int = 160) -> str:
+def render_whatif_table(result: WhatIf, *, width: int = 200) -> str:
     from rich.console import Console
     from rich.table import Table
     from rich.text import Text
@@ -104,7 +107,7 @@ def render_whatif_table(result: WhatIf, *, width: int = 160) -> str:
     )
     table = Table(title="GPU-hours by policy and team", title_justify="left")
     table.add_column("policy", no_wrap=True)
-    table.add_column("team")
+    table.add_column("team", no_wrap=True)
     for col in ("stopped", "false stops", "released"):
         table.add_column(col, justify="right")
     for c in RELEASED:
@@ -148,10 +151,34 @@ def whatif_section(result: WhatIf) -> str:
         cells += f"<td class='n'>{_h(r['held_idle_gpu_hours'])}</td>"
         cells += f"<td class='n'>{_h(r['longest_spared_idle_hours'])}</td>"
         body.append(f"<tr>{cells}</tr>")
+    stops = []
+    for policy in result.policies:
+        mine = _records(result.stops[result.stops["policy"] == policy])
+        if not mine:
+            continue
+        items = "".join(
+            f"<tr><td>{html_text(str(r['pod']))}</td><td>{html_text(str(r['team']))}</td>"
+            f"<td class='t'>{_iso(int(r['stop_ms']))}</td>"
+            f"<td>{'false stop' if r['false_stop'] else ''}</td>"
+            f"<td class='n'>{_h(r['released_gpu_hours'])}</td>"
+            f"<td class='n'>{_h(r['busy_lost_gpu_hours'])}</td></tr>"
+            for r in mine[:STOPS_SHOWN]
+        )
+        more = len(mine) - STOPS_SHOWN
+        stops.append(
+            f"<h3>Stopped by {html_text(policy)}</h3><table><tr><th>pod</th><th>team</th>"
+            "<th>stop (UTC)</th><th></th><th class='n'>released GPU-h</th>"
+            f"<th class='n'>busy lost GPU-h</th></tr>{items}</table>"
+            + (
+                f"<p class='muted'>… and {more} more (JSON output lists all).</p>"
+                if more > 0
+                else ""
+            )
+        )
     return (
         "<h2>Idle policies: what-if</h2><p class='muted'>Each policy replayed over the window "
         "as if it had stopped each job the moment it fired: the GPU-hours it would have "
         "released, by the category they came out of; false stops are pods active again after "
         "their stop, with the busy GPU-hours lost.</p>"
-        f"<table>{head}{''.join(body)}</table>"
+        f"<table>{head}{''.join(body)}</table>{''.join(stops)}"
     )
