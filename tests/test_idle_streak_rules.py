@@ -36,10 +36,10 @@ tests:
         values: '0+300x30'
     alert_rule_test:
       - eval_time: 2h05m
-        alertname: AuditorGPUHeldIdle
+        alertname: GpuHeldIdle
         exp_alerts: []
       - eval_time: 2h10m
-        alertname: AuditorGPUHeldIdle
+        alertname: GpuHeldIdle
         exp_alerts:
           - exp_labels: {{severity: warning, node: n1, gpu: GPU-a, namespace: ml, pod: nb-0}}
             exp_annotations:
@@ -56,7 +56,7 @@ tests:
                 idle threshold) for 2h 10m 0s. Release the GPU, or check the job; `auditor
                 explain ml/nb-1` shows its timeline.
       - eval_time: 3h10m
-        alertname: AuditorGPUHeldIdle
+        alertname: GpuHeldIdle
         exp_alerts:
           - exp_labels: {{severity: warning, node: n1, gpu: GPU-a, namespace: ml, pod: nb-0}}
             exp_annotations:
