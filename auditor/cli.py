@@ -674,6 +674,14 @@ def report(
     out: Annotated[
         Path | None, typer.Option("--out", help="Write to this file instead of stdout.")
     ] = None,
+    policy: Annotated[
+        list[str],
+        typer.Option(
+            "--policy",
+            help="With --format html: also replay this idle policy over the window "
+            "(repeatable; as `auditor whatif --policy`).",
+        ),
+    ] = [],  # noqa: B006 - typer reads the default, never mutates it
 ) -> None:
     """GPU-hours per category and group, shares, utilisation spread, top offenders."""
     from auditor import jobs
@@ -683,7 +691,11 @@ def report(
 
     with user_errors():
         window = parse_window(start, end, None)
+        if policy and fmt is not Format.HTML:
+            raise InputError("--policy goes with --format html", field="--policy")
         if fmt is Format.HTML:
+            from auditor.classify.whatif import parse_policy
+
             text = jobs.build_report_html(
                 state.db_url,
                 start_ms=window[0] if window else None,
@@ -691,6 +703,7 @@ def report(
                 by=GroupBy(by.value),
                 team=team,
                 thresholds=state.config().thresholds,
+                policies=[parse_policy(p) for p in policy],
             )
             if out is not None:
                 write_atomically(out, text)
@@ -743,6 +756,68 @@ def explain(
         if html is not None:
             write_atomically(html, render_explain_html(ex))
     typer.echo(render_explain_text(ex, width=width), nl=False)
+
+
+class WhatIfFormat(StrEnum):
+    TABLE = "table"
+    JSON = "json"
+    CSV = "csv"
+
+
+@app.command()
+def whatif(
+    policy: Annotated[
+        list[str],
+        typer.Option(
+            "--policy",
+            help="An idle policy (repeatable, shown side by side): idle>=DURATION, then "
+            "optionally kind=KIND, team=TEAM, grace=DURATION, util<PERCENT; e.g. "
+            "'idle>=4h,team=research,grace=1h'.",
+        ),
+    ],
+    start: StartOption = None,
+    end: EndOption = None,
+    since: SinceOption = None,
+    fmt: Annotated[
+        WhatIfFormat, typer.Option("--format", help="Output format.")
+    ] = WhatIfFormat.TABLE,
+    out: Annotated[
+        Path | None, typer.Option("--out", help="Write to this file instead of stdout.")
+    ] = None,
+    threshold: Annotated[
+        list[str],
+        typer.Option(
+            "--threshold", help="Override a classifier threshold: KEY=VALUE (repeatable)."
+        ),
+    ] = [],  # noqa: B006 - typer reads the default, never mutates it
+) -> None:
+    """Replay idle-culling policies over stored history: GPU-hours released, false stops.
+
+    Each policy stops a job (all its pods) the moment one of its cards has been idle that
+    long; without a window, replays all stored samples."""
+    from auditor import jobs
+    from auditor.classify.whatif import parse_policy
+    from auditor.report.whatif import render_whatif_csv, render_whatif_json, render_whatif_table
+
+    with user_errors():
+        config = _thresholds(state.config(), threshold)
+        policies = [parse_policy(p) for p in policy]
+        result = jobs.whatif(
+            state.db_url,
+            policies=policies,
+            window=parse_window(start, end, since),
+            thresholds=config.thresholds,
+        )
+        renderers = {
+            WhatIfFormat.TABLE: render_whatif_table,
+            WhatIfFormat.JSON: render_whatif_json,
+            WhatIfFormat.CSV: render_whatif_csv,
+        }
+        text = renderers[fmt](result)
+        if out is not None:
+            write_atomically(out, text)
+            return
+    typer.echo(text, nl=False)
 
 
 def last_week(now: datetime) -> str:

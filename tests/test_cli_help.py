@@ -26,6 +26,7 @@ COMMANDS: list[list[str]] = [
     ["audit"],
     ["report"],
     ["explain"],
+    ["whatif"],
     ["export", "finance"],
     ["compare"],
     ["rollup"],

@@ -37,6 +37,7 @@ from test_network_policies import (
 )
 
 from auditor.agents.sample.metrics import SamplerMetrics
+from auditor.agents.sample.streaks import IdleStreaks
 from auditor.agents.watch.metrics import WatchMetrics
 from auditor.jobs.metrics import READ_METRIC_NAMES
 from auditor.report.audit_metrics import AUDIT_METRIC_NAMES
@@ -243,7 +244,7 @@ def test_the_rules_pass_promtool_check_and_their_unit_tests(tmp_path: Path) -> N
     checked = run_promtool("check", "rules", "auditor-rules.yaml", cwd=tmp_path)
     tested = run_promtool("test", "rules", "auditor-rules.test.yaml", cwd=tmp_path)
 
-    assert "SUCCESS: 5 rules found" in checked
+    assert "SUCCESS: 6 rules found" in checked
     assert "SUCCESS" in tested
     alerts = {r["alert"] for g in rule_groups()["groups"] for r in g["rules"]}
     unit = yaml.safe_load((FIXTURES / "promtool" / "auditor-rules.test.yaml").read_text())
@@ -298,10 +299,9 @@ def metric_names(expr: str) -> set[str]:
 def exported() -> set[str]:
     """What the auditor's /metrics endpoints can serve, as Prometheus stores the names."""
     names = set(AUDIT_METRIC_NAMES) | set(READ_METRIC_NAMES)
-    for registry in (
-        WatchMetrics(("pods", "nodes")).registry,
-        SamplerMetrics(CollectorRegistry()).registry,
-    ):
+    sampler = SamplerMetrics(CollectorRegistry()).registry
+    IdleStreaks(sampler, node="n", idle_threshold_pct=5.0)  # the sampler's live idle streaks
+    for registry in (WatchMetrics(("pods", "nodes")).registry, sampler):
         for family in registry.collect():
             names.add(f"{family.name}_total" if family.type == "counter" else family.name)
     return names

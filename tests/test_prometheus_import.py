@@ -392,6 +392,7 @@ def test_without_label_or_kube_pod_info_the_node_is_hostname_and_the_summary_say
     assert nodes(migrated) == {
         "GPU-H0": ("gpu-host-7", "DCGM_FI_DEV_GPU_UTIL"),  # GPU_UTIL wins over GR_ENGINE
         "GPU-H1/gi3": ("gpu-host-7", GR_ENGINE),
+        "GPU-H1": ("gpu-host-7", None),  # the instance's physical card: its uncarved slices
         "GPU-T0": ("trainer-0", "DCGM_FI_DEV_GPU_UTIL"),  # a StatefulSet's pod: no exporter
     }
     summary = out.splitlines()[0]

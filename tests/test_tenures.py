@@ -151,8 +151,9 @@ def test_mig_resources_draw_from_mig_instances_only() -> None:
 
     out = build_tenures(pods, gpus, assign(), now_ms=NOW)
 
+    # G0 is carved into MIG-a and MIG-b: nobody can be given it whole
     assert held(out) == [
-        ("G0", "g", 20, NOW, True),
+        ("G1", "g", 20, NOW, True),
         ("MIG-b", "m", 10, NOW, True),
         ("MIG-a", "m2", 30, NOW, True),
     ]

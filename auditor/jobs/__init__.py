@@ -41,6 +41,7 @@ from auditor.jobs.reports import (
 )
 from auditor.jobs.retention import RetentionStats, rollup
 from auditor.jobs.services import SampleOptions, WatchOptions, sample, watch
+from auditor.jobs.whatif import whatif
 
 __all__ = [
     "AUDIT_CHUNK_SAMPLES",
@@ -84,4 +85,5 @@ __all__ = [
     "store_latency_rows",
     "truth_check",
     "watch",
+    "whatif",
 ]

@@ -227,7 +227,7 @@ def import_prometheus(
             )
     return PrometheusImportStats(
         samples,
-        len(ids),
+        len(node_of),  # GPUs with samples (not a MIG instance's card, recorded for its slices)
         len(pairs),
         unresolved,
         time.perf_counter() - started,

@@ -11,9 +11,12 @@ from auditor.jobs.common import iso, open_store
 from auditor.settings import Config, Thresholds
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     import pandas as pd
     from sqlalchemy import Connection
 
+    from auditor.classify.whatif import Policy
     from auditor.report.explain import Explanation
     from auditor.report.render import Report
     from auditor.report.summary import GroupBy
@@ -244,10 +247,13 @@ def build_report_html(
     team: str | None,
     thresholds: Thresholds,
     timelines: int = 8,
+    policies: Sequence[Policy] = (),
 ) -> str:
     """The report as one HTML page, with the per-card utilisation and the timelines of the
-    `timelines` jobs that lead the offenders table. One connection reads everything: the
-    report, and who held which card once for all the timelines."""
+    `timelines` jobs that lead the offenders table, and with `policies` the idle policies
+    replayed over the report's window. One connection reads everything: the report, and who
+    held which card once for all the timelines."""
+    from auditor.jobs.whatif import replay_stored
     from auditor.report.html import render_report_html
     from auditor.report.summary import card_utilisation
 
@@ -272,10 +278,15 @@ def build_report_html(
                     shown.append(_explain(conn, held, target, thresholds=thresholds, buckets=200))
                 except InputError:
                     continue  # a job whose pods are gone from the store: no timeline to draw
+            replayed = (
+                replay_stored(conn, policies=policies, window=report.window, thresholds=thresholds)
+                if policies
+                else None
+            )
     finally:
         engine.dispose()
     util = card_utilisation(results)["util_pct"].tolist()
-    return render_report_html(report, card_util=util, timelines=shown)
+    return render_report_html(report, card_util=util, timelines=shown, whatif=replayed)
 
 
 def export_finance(url: str, *, week: str, config: Config) -> str:

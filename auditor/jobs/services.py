@@ -22,6 +22,7 @@ from auditor.settings import (
     WATCH_METRICS_PORT,
     WATCH_TIMEOUT_S,
     Config,
+    Thresholds,
 )
 
 
@@ -48,6 +49,29 @@ class SampleOptions:
     needs `hostPID: true`); None: off."""
     json_logs: bool = False
     """Log one JSON object a line, as the watcher does with the same flag."""
+    idle_threshold_pct: float = Thresholds().idle_threshold_pct
+    """A held card whose utilisation is at or below this is idle for its live idle streak."""
+
+
+def restored_streaks(url: str, *, node: str, idle_threshold_pct: float) -> dict[Any, int]:
+    """Where each held card of the node began its idle stretch, by the store; nothing (and a
+    warning) where the store cannot be read: the streaks then start afresh."""
+    import logging
+
+    from auditor.store.streaks import idle_streak_starts
+
+    try:
+        engine = open_store(url)
+        try:
+            with engine.connect() as conn:
+                return dict(
+                    idle_streak_starts(conn, node=node, idle_threshold_pct=idle_threshold_pct)
+                )
+        finally:
+            engine.dispose()
+    except Exception as e:  # the store may be down at start: the sampler goes on
+        logging.getLogger(__name__).warning("idle streaks start afresh: %s", e)
+        return {}
 
 
 def sample(url: str, options: SampleOptions, *, log: Callable[[str], None]) -> None:
@@ -65,6 +89,7 @@ def sample(url: str, options: SampleOptions, *, log: Callable[[str], None]) -> N
     from auditor.agents.sample.nvml import NvmlReader
     from auditor.agents.sample.podresources import PodResourcesClient
     from auditor.agents.sample.sampler import Sampler, SamplerSettings
+    from auditor.agents.sample.streaks import IdleStreaks
     from auditor.agents.serve import setup_logging
     from auditor.store.sample_sink import StoreSink
 
@@ -81,6 +106,16 @@ def sample(url: str, options: SampleOptions, *, log: Callable[[str], None]) -> N
         max_bytes=max(1, int(options.buffer_max_mib * 2**20)),
     )
     metrics = SamplerMetrics(CollectorRegistry())
+    streaks = IdleStreaks(
+        metrics.registry,
+        node=options.node,
+        idle_threshold_pct=options.idle_threshold_pct,
+        restored=restored_streaks(
+            url, node=options.node, idle_threshold_pct=options.idle_threshold_pct
+        )
+        if holders is not None
+        else None,
+    )
     sampler = Sampler(
         reader=reader,
         holders=holders,
@@ -88,6 +123,7 @@ def sample(url: str, options: SampleOptions, *, log: Callable[[str], None]) -> N
         buffer=buffer,
         metrics=metrics,
         settings=SamplerSettings(period_s=options.period_s, flush_every_s=options.flush_every_s),
+        streaks=streaks,
     )
     server = None
     if options.metrics_port is not None:

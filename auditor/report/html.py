@@ -16,6 +16,7 @@ from typing import Any
 
 import pandas as pd
 
+from auditor.classify.whatif import WhatIf
 from auditor.model import CATEGORIES
 from auditor.report.explain import Explanation, duration, grouped_findings, when
 from auditor.report.render import (
@@ -37,6 +38,7 @@ from auditor.report.svg import (
     whiskers,
 )
 from auditor.report.text import html_text
+from auditor.report.whatif import whatif_section
 
 STYLE = """
 body{font:14px/1.4 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:24px;color:#222;
@@ -257,14 +259,18 @@ def render_report_html(
     *,
     card_util: Sequence[float] | None = None,
     timelines: Sequence[Explanation] = (),
+    whatif: WhatIf | None = None,
 ) -> str:
-    """The whole report as one HTML page (module docstring)."""
+    """The whole report as one HTML page (module docstring); with `whatif`, the idle
+    policies replayed over the window side by side after the offenders."""
     window = f"{when(report.window[0])} → {when(report.window[1])} UTC"
     linked = {ex.target for ex in timelines}
     body = (
         f"<h1>GPU waste audit</h1><p class='muted'>{html_text(window)}</p>{_summary(report)}"
         f"{_groups(report)}{_distribution(report, card_util)}{_offenders(report, linked)}"
     )
+    if whatif is not None:
+        body += whatif_section(whatif)
     if timelines:
         body += "<h2>Job timelines</h2>" + "".join(
             explain_section(ex, max_cards=REPORT_CARDS) for ex in timelines

@@ -22,6 +22,7 @@ from typing import Protocol
 from auditor.agents.sample.buffer import BufferStorageError, DiskBuffer
 from auditor.agents.sample.metrics import SamplerMetrics
 from auditor.agents.sample.podresources import DeviceHolder, normalise_device_id
+from auditor.agents.sample.streaks import IdleStreaks
 from auditor.errors import AuditorError
 from auditor.model import Batch, GpuConflict, GpuRecord, GpuSample, Holding, Written
 from auditor.settings import SAMPLE_FLUSH_EVERY_S, SAMPLE_PERIOD_S
@@ -110,6 +111,7 @@ class Sampler:
         metrics: SamplerMetrics,
         settings: SamplerSettings = SamplerSettings(),
         clock: Callable[[], float] = time.time,
+        streaks: IdleStreaks | None = None,
     ) -> None:
         self.reader = reader
         self.holders = holders
@@ -118,6 +120,8 @@ class Sampler:
         self.metrics = metrics
         self.settings = settings
         self.clock = clock
+        self.streaks = streaks
+        """Exports each held card's idle streak on /metrics (None: not exported)."""
         self.stop = threading.Event()
         self._flushing = threading.Lock()
         self._conflicting: set[str] = set()
@@ -128,18 +132,22 @@ class Sampler:
         started = time.perf_counter()
         reading = self.reader.read()
         held: tuple[Holding, ...] = ()
+        mapped = self.holders is not None
         if self.holders is not None:
             try:
                 held = holdings(reading, self.holders.list_gpu_holders())
             except AuditorError as e:
                 self.metrics.mapping_errors.inc()
                 log.warning("%s", e)
+                mapped = False
         for problem in reading.problems:
             log.warning("device unreadable: %s", problem)
         tenants = tuple(getattr(reading, "tenants", ()))  # a reader may read none
         self.metrics.tenant_samples.inc(len(tenants))
         self.metrics.unattributed_processes.inc(getattr(reading, "unattributed", 0))
         batch = Batch(tuple(reading.gpus), tuple(reading.samples), held, tenants)
+        if self.streaks is not None and mapped:  # a failed mapping keeps the streaks as they were
+            self.streaks.update(taken_ms=reading.taken_ms, samples=reading.samples, held=held)
         dropped = self.buffer.push(batch)
         self.metrics.passed(
             gpus=len(batch.gpus),

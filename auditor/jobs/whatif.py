@@ -1,0 +1,123 @@
+"""The whatif job (SPEC §9): replay idle policies over the stored samples and tenures.
+
+Reads who held which card when and every stored sample of the cards held in the window (raw,
+and rolled-up minutes where the raw ones are gone), over the whole tenures that overlap it,
+and hands them to the pure replay (`auditor.classify.whatif`), in chunks of nodes as the
+audit does, so memory follows the chunk, not the fleet or the window. Needs no audit run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from auditor.errors import InputError
+from auditor.jobs.audit import AUDIT_CHUNK_SAMPLES, READ_MARGIN_MS
+from auditor.jobs.common import open_store
+from auditor.settings import Thresholds
+
+if TYPE_CHECKING:
+    from sqlalchemy import Connection
+
+    from auditor.classify.whatif import Policy, WhatIf
+
+
+def whatif(
+    url: str,
+    *,
+    policies: Sequence[Policy],
+    window: tuple[int, int] | None,
+    thresholds: Thresholds,
+) -> WhatIf:
+    """Each policy replayed over `window` (default: every stored sample)."""
+    from auditor.jobs.audit import data_window
+
+    if not policies:
+        raise InputError("give at least one --policy, e.g. --policy 'idle>=2h'", field="--policy")
+    if window is None:
+        window = data_window(url, period_s=thresholds.default_period_s)
+    if window[1] <= window[0]:
+        raise InputError("the window ends before it starts", field="--end")
+    engine = open_store(url)
+    try:
+        with engine.connect() as conn:
+            return replay_stored(conn, policies=policies, window=window, thresholds=thresholds)
+    finally:
+        engine.dispose()
+
+
+def replay_stored(
+    conn: Connection,
+    *,
+    policies: Sequence[Policy],
+    window: tuple[int, int],
+    thresholds: Thresholds,
+    chunk_samples: int = AUDIT_CHUNK_SAMPLES,
+) -> WhatIf:
+    """`whatif` on an open connection (the HTML report reads its section through this).
+
+    As the audit does, whole nodes are classified together with the cards of their gangs on
+    other nodes, as many nodes per chunk as keep its samples within `chunk_samples`; each
+    chunk's own pods are replayed there, and the pods of all chunks summed per team."""
+    import pandas as pd
+
+    from auditor.classify.engine import Window, classify
+    from auditor.classify.rollup import with_rolled
+    from auditor.classify.tenures import build_tenures
+    from auditor.classify.whatif import (
+        POD_OUT,
+        card_rows,
+        in_play,
+        replay_pods,
+        span,
+        summarise,
+    )
+    from auditor.jobs.audit import audit_parts
+    from auditor.store import reads
+    from auditor.store.rollup import read_rolled_card_samples, rollup_span
+
+    pods = reads.read_pods(conn)
+    gpus = reads.read_gpus(conn)
+    found_span = reads.sample_span(conn) or rollup_span(conn)
+    # a pod still holding its card holds it to the data's end
+    now_ms = found_span[1] if found_span else window[1]
+    tenures = build_tenures(pods, gpus, reads.read_assignments(conn), now_ms=now_ms)
+    over = in_play(tenures, window)
+    gpu_ids = {str(u): int(i) for u, i in zip(gpus["uuid"], gpus["id"], strict=True)}
+    uuids = {i: u for u, i in gpu_ids.items()}
+    lo = over.groupby("gpu")["start_ms"].min().clip(upper=window[0]) - READ_MARGIN_MS
+    hi = over.groupby("gpu")["end_ms"].max().clip(lower=window[1]) + READ_MARGIN_MS
+    ranges = {str(u): (int(lo[u]), int(hi[u])) for u in lo.index}
+    period_ms = max(1, round(thresholds.default_period_s * 1000))
+    info = pods[["uid", "namespace", "name", "team", "job_kind"]]
+    per_pod = []
+    for own, context in audit_parts(
+        gpus[gpus["uuid"].isin(ranges)],
+        over,
+        shard=None,
+        budget=chunk_samples,
+        cost={u: (b - a) // period_ms for u, (a, b) in ranges.items()},
+    ):
+        wanted = [(gpu_ids[u], *ranges[u]) for u in sorted(context)]
+        samples = with_rolled(
+            reads.read_card_samples(conn, wanted, uuids), read_rolled_card_samples(conn, wanted)
+        )
+        part = over[over["gpu"].isin(context)]
+        found = classify(
+            samples, part, window=Window(*span(part, window)), thresholds=thresholds,
+            keep_pieces=True,
+        )  # fmt: skip
+        assert found.pieces is not None
+        replayed = replay_pods(
+            card_rows(found.pieces),
+            pods=info,
+            tenures=part,
+            policies=policies,
+            window=window,
+            thresholds=thresholds,
+        )
+        mine = set(part.loc[part["gpu"].isin(own), "pod_uid"])
+        per_pod.append(replayed[replayed["pod_uid"].isin(mine)])
+        del samples, found
+    rows = pd.concat(per_pod, ignore_index=True) if per_pod else pd.DataFrame(columns=POD_OUT)
+    return summarise(rows, policies=policies, window=window)
