@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta, tzinfo
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -48,6 +48,9 @@ from auditor.settings import (
     default_db_url,
     load_config,
 )
+
+if TYPE_CHECKING:
+    from auditor.collect.prometheus import Auth
 
 app = typer.Typer(
     name="auditor",
@@ -347,6 +350,27 @@ def import_pods(
     each_file(files, one)
 
 
+def _prometheus_source(
+    url: str,
+    *,
+    start: str | None,
+    end: str | None,
+    since: str | None,
+    user: str | None,
+    password_file: Path | None,
+    token_file: Path | None,
+) -> tuple[tuple[int, int], str, Auth | None]:
+    """The window and the Prometheus URL (credentials taken out) with its auth, as the
+    Prometheus imports take them."""
+    from auditor.collect.prometheus import credentials
+
+    window = parse_window(start, end, since)
+    if window is None:
+        raise InputError("give --start and --end, or --since", field="--start")
+    clean, auth = credentials(url, user=user, password_file=password_file, token_file=token_file)
+    return window, clean, auth
+
+
 @import_app.command("prometheus")
 def import_prometheus(
     url: Annotated[
@@ -392,20 +416,20 @@ def import_prometheus(
 ) -> None:
     """Import dcgm-exporter GPU samples, and the pod holding each GPU, from Prometheus."""
     from auditor import jobs
-    from auditor.collect.prometheus import credentials, describe_sources
+    from auditor.collect.prometheus import describe_sources
 
     with user_errors():
-        window = parse_window(start, end, since)
-        if window is None:
-            raise InputError("give --start and --end, or --since", field="--start")
-        step_s = parse_duration(step, option="--step").total_seconds()
-        timeout_s = parse_duration(timeout, option="--timeout").total_seconds()
-        url, auth = credentials(
+        window, url, auth = _prometheus_source(
             url,
+            start=start,
+            end=end,
+            since=since,
             user=basic_auth_user,
             password_file=basic_auth_password_file,
             token_file=bearer_token_file,
         )
+        step_s = parse_duration(step, option="--step").total_seconds()
+        timeout_s = parse_duration(timeout, option="--timeout").total_seconds()
         stats = jobs.import_prometheus(
             state.db_url,
             prometheus_url=url,
@@ -481,7 +505,6 @@ def import_outputs(
     an outputs CSV for training (samples, steps, tokens) with an optional quality column."""
     from auditor import jobs
     from auditor.collect.outputs import parse_metric
-    from auditor.collect.prometheus import credentials
 
     with user_errors():
         if (file is None) == (url is None):
@@ -491,11 +514,11 @@ def import_outputs(
             source = str(file)
         else:
             assert url is not None
-            window = parse_window(start, end, since)
-            if window is None:
-                raise InputError("give --start and --end, or --since", field="--start")
-            clean, auth = credentials(
+            window, clean, auth = _prometheus_source(
                 url,
+                start=start,
+                end=end,
+                since=since,
                 user=basic_auth_user,
                 password_file=basic_auth_password_file,
                 token_file=bearer_token_file,
