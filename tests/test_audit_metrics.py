@@ -125,7 +125,8 @@ def test_the_watcher_serves_the_reports_team_figures(audited: str, watcher: str)
         abs=1e-6,
     )
     # the health metrics are still there beside them
-    assert "auditor_watch_relists_total" in got
+    # (the watcher's first list may still be under way at the first scrape)
+    assert wait_until(lambda: "auditor_watch_relists_total" in scrape(watcher))
 
 
 def test_the_watcher_serves_a_bounded_number_of_jobs_and_the_window(
