@@ -8,7 +8,7 @@ import io
 import numpy as np
 import pandas as pd
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from auditor.errors import InputError
@@ -113,6 +113,7 @@ def test_reexport_is_byte_identical_and_independent_of_row_order() -> None:
     assert line.startswith("2026-W48,2026-11-23T00:00:00Z,2026-11-30T00:00:00Z,nlp,,NVIDIA H100")
 
 
+@example(values=[0.015], decimals=2)  # a total that is a tie: 1.5 cents rounds to 2
 @given(
     values=st.lists(st.floats(0, 1e6, allow_nan=False), min_size=1, max_size=40),
     decimals=st.sampled_from([2, 4]),

@@ -76,7 +76,8 @@ def round_column(values: np.ndarray, decimals: int) -> np.ndarray:
     scale = 10.0**decimals
     scaled = values.astype(float) * scale
     floor = np.floor(scaled)
-    short = int(np.rint(scaled.sum() - floor.sum()))
+    # the units the rounded total has over the floors (ties of the total to even, as round())
+    short = int(np.rint(scaled.sum())) - int(floor.sum())
     order = np.lexsort((np.arange(len(values)), -(scaled - floor)))
     floor[order[:short]] += 1
     return np.round(floor / scale, decimals)
