@@ -233,6 +233,14 @@ def write_atomically(path: Path, text: str) -> None:
     write_local(path, text.encode("utf-8"))
 
 
+def emit(text: str, out: Path | None) -> None:
+    """A command's output: into `out` (atomically) where given, else to standard output."""
+    if out is not None:
+        write_atomically(out, text)
+    else:
+        typer.echo(text, nl=False)
+
+
 # ---------------------------------------------------------------- import
 
 
@@ -728,10 +736,7 @@ def report(
                 thresholds=state.config().thresholds,
                 policies=[parse_policy(p) for p in policy],
             )
-            if out is not None:
-                write_atomically(out, text)
-                return
-            typer.echo(text, nl=False)
+            emit(text, out)
             return
         rep = jobs.build_report(
             state.db_url,
@@ -747,10 +752,7 @@ def report(
             Format.PROMETHEUS: render_prometheus,
         }
         text = renderers[fmt](rep)
-        if out is not None:
-            write_atomically(out, text)
-            return
-    typer.echo(text, nl=False)
+        emit(text, out)
 
 
 @app.command()
@@ -837,10 +839,7 @@ def whatif(
             WhatIfFormat.CSV: render_whatif_csv,
         }
         text = renderers[fmt](result)
-        if out is not None:
-            write_atomically(out, text)
-            return
-    typer.echo(text, nl=False)
+        emit(text, out)
 
 
 def last_week(now: datetime) -> str:
@@ -1255,7 +1254,4 @@ def compare(
             CompareFormat.HTML: render_compare_html,
         }
         text = renderers[fmt](result)
-        if out is not None:
-            write_atomically(out, text)
-            return
-    typer.echo(text, nl=False)
+        emit(text, out)
