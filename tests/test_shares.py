@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 
 from auditor.classify import Window, build_tenures, classify
-from auditor.classify.shares import mig_share
+from auditor.classify.mig import mig_share
 from auditor.settings import Thresholds
 
 HOUR = 3_600_000

@@ -5,11 +5,11 @@ of division reach the classifier:
 
 - **MIG.** Each instance is a GPU of its own in the samples, with its own utilisation
   (relative to the instance). It is classified as an exclusive card and every second of it
-  is weighted by its share of the physical card (`mig_share`: compute slices / 7, or / 4 on
-  an A30). The slices no instance was carved from are the parent card's, weighted by what
-  is left, and held by nobody: `unallocated` where observed. A parent that reports no
-  samples of its own (nvidia-smi shows no utilisation for a MIG-enabled card) stands on the
-  samples of its busiest-sampled instance, with unreadable utilisation.
+  is weighted by its share of the physical card (`auditor.classify.mig`: compute slices
+  / 7, or / 4 on an A30). The slices no instance was carved from are the parent card's,
+  weighted by what is left, and held by nobody: `unallocated` where observed. A parent that
+  reports no samples of its own (nvidia-smi shows no utilisation for a MIG-enabled card)
+  stands on the samples of its busiest-sampled instance, with unreadable utilisation.
 - **Tenures with a share** (time-slicing and MPS replicas, HAMi, Run:ai fractions,
   gpu-milli; `share` < 1 in the tenures, NaN where unknown). Each such card is cut into
   pseudo-samples at its samples and at every tenure boundary, so that the set of tenants is
@@ -43,7 +43,6 @@ computation as before, bit for bit.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -52,35 +51,13 @@ import pandas as pd
 
 from auditor.classify.arrays import BoolArr, FloatArr, IntArr, ObjArr
 from auditor.classify.coverage import SampleTable
+from auditor.classify.mig import card_weights
 
 SEP = "\x1f"
 """Separates a physical card's UUID from the tenant in a virtual card's key."""
 
 EPS = 1e-9
 """Shares within this of 1 count as 1; sums within this of 1 are not oversubscribed."""
-
-_MIG_PROFILE = re.compile(r"(?:(\d+)c\.)?(\d+)g\b", re.IGNORECASE)
-
-
-def mig_slices(model: str | None) -> int:
-    """Compute slices of a MIG-capable card: 4 on an A30, 7 on the others (A100, H100...)."""
-    return 4 if model is not None and re.search(r"\bA30\b", model) else 7
-
-
-def mig_share(profile: str | None, model: str | None) -> float | None:
-    """The share of its physical card a MIG instance of `profile` holds, or None where the
-    profile names no slice count (`1g.10gb` → 1/7; `1c.3g.40gb`, a compute instance, → 1/7;
-    on an A30, `2g.12gb` → 2/4)."""
-    if not profile:
-        return None
-    found = _MIG_PROFILE.search(profile)
-    if found is None:
-        return None
-    slices = int(found.group(1) or found.group(2))
-    total = mig_slices(model)
-    if slices <= 0 or slices > total:
-        return None
-    return slices / total
 
 
 @dataclass(frozen=True)
@@ -109,59 +86,6 @@ class Expanded:
     """Key of each virtual card → the UUID of its physical card."""
     oversubscribed: pd.DataFrame
     """gpu, start_ms, end_ms, seconds, detail of stretches whose shares were scaled."""
-
-
-def _text(value: object) -> str | None:
-    if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)):
-        return None
-    return str(value)
-
-
-def card_weights(cards: pd.DataFrame | None) -> tuple[dict[str, float], dict[str, list[str]]]:
-    """(weight of each MIG instance and of each MIG parent's uncarved rest, parent → its
-    instances). Cards that are neither weigh 1 and are not listed."""
-    if cards is None or len(cards) == 0 or "parent_uuid" not in cards.columns:
-        return {}, {}
-    models = dict(
-        zip(
-            cards["uuid"].astype(str),
-            cards["model"] if "model" in cards.columns else [None] * len(cards),
-            strict=True,
-        )
-    )
-    profiles = cards["mig_profile"] if "mig_profile" in cards.columns else [None] * len(cards)
-    children: dict[str, list[str]] = {}
-    weights: dict[str, float] = {}
-    unknown: dict[str, list[str]] = {}
-    for uuid, parent, profile in zip(
-        cards["uuid"].astype(str), cards["parent_uuid"], profiles, strict=True
-    ):
-        parent_s = _text(parent)
-        if parent_s is None:
-            continue
-        children.setdefault(parent_s, []).append(uuid)
-        model = _text(models.get(parent_s)) or _text(models.get(uuid))
-        share = mig_share(_text(profile) or _profile_in(_text(models.get(uuid))), model)
-        if share is None:
-            unknown.setdefault(parent_s, []).append(uuid)
-        else:
-            weights[uuid] = share
-    for parent, kids in children.items():
-        known = sum(weights[k] for k in kids if k in weights)
-        rest = max(0.0, 1.0 - known)
-        missing = unknown.get(parent, [])
-        for k in missing:  # a profile we cannot read: an equal split of what is left
-            weights[k] = rest / len(missing)
-        weights[parent] = 0.0 if missing else rest
-    return weights, children
-
-
-def _profile_in(name: str | None) -> str | None:
-    """The profile in a MIG device's name (`NVIDIA A100-SXM4-40GB MIG 1g.5gb`)."""
-    if name is None:
-        return None
-    found = re.search(r"MIG\s+(\S+)", name)
-    return None if found is None else found.group(1)
 
 
 def is_shared(share: pd.Series) -> pd.Series:
