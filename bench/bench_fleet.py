@@ -43,7 +43,7 @@ def peak_mib():
 
 def load(url, gpus, days, baseline=True):
     from auditor.store import bulk
-    from auditor.store.engine import make_engine
+    from auditor.store.connection import make_engine
     from auditor.store.writes import upsert_assignments, upsert_gpus, upsert_pods
     fleet = make_fleet(gpus=gpus, days=days)
     engine = make_engine(url)
@@ -106,7 +106,7 @@ def load(url, gpus, days, baseline=True):
             "pods": len(fleet.pods)}
 
 def floor(url, start_ms, end_ms):
-    from auditor.store.engine import make_engine
+    from auditor.store.connection import make_engine
     engine = make_engine(url)
     t = time.perf_counter()
     rows = 0
@@ -124,7 +124,7 @@ def floor(url, start_ms, end_ms):
 def audit(url, start_ms, end_ms):
     from auditor import jobs
     from auditor.settings import Thresholds
-    import auditor.classify.engine, auditor.classify.tenures, auditor.store.reads  # noqa: F401
+    import auditor.classify.pipeline, auditor.classify.tenures, auditor.store.reads  # noqa: F401
     import auditor.store.writes  # noqa: F401  (imports are start-up, not audit, time)
     t = time.perf_counter()
     stats = jobs.audit(url, window=(start_ms, end_ms), thresholds=Thresholds())

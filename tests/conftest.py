@@ -20,7 +20,7 @@ from pgserver import PgServer, new_database_name, start_server
 from sqlalchemy import Engine
 
 from auditor.store import migrate
-from auditor.store.engine import make_engine
+from auditor.store.connection import make_engine
 
 
 @pytest.fixture(scope="session")

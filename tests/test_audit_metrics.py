@@ -33,7 +33,7 @@ from auditor.report.summary import GroupBy
 from auditor.report.windows import latest_complete
 from auditor.settings import Config, Thresholds
 from auditor.simulate import SCENARIOS, simulate
-from auditor.store.engine import make_engine
+from auditor.store.connection import make_engine
 
 runner = CliRunner()
 

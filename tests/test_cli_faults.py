@@ -21,7 +21,7 @@ from auditor.cli import app
 from auditor.settings import Config, Thresholds
 from auditor.simulate import SCENARIOS, simulate
 from auditor.store import reads
-from auditor.store.engine import make_engine
+from auditor.store.connection import make_engine
 
 runner = CliRunner()
 

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from auditor.cli import app
 from auditor.store import reads
-from auditor.store.engine import make_engine
+from auditor.store.connection import make_engine
 
 runner = CliRunner()
 

@@ -16,7 +16,7 @@ from auditor.report.compare import Side, compare_sides, confounders, failed_cond
 from auditor.settings import Config, Thresholds
 from auditor.simulate.ab import NODE, simulate_ab
 from auditor.store import migrate
-from auditor.store.engine import make_engine
+from auditor.store.connection import make_engine
 
 HOUR = 3_600_000
 

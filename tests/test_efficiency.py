@@ -22,7 +22,7 @@ from auditor.model import GpuRecord, GpuSample
 from auditor.report.advice import STALLED_BUSY_STEP
 from auditor.settings import Thresholds
 from auditor.store import migrate
-from auditor.store.engine import make_engine
+from auditor.store.connection import make_engine
 from auditor.store.writes import insert_samples, upsert_gpus, upsert_pods
 
 T0 = 1_795_000_000_000

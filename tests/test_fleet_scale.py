@@ -19,7 +19,7 @@ from auditor import jobs
 from auditor.model import GpuRecord
 from auditor.report.offenders import stragglers
 from auditor.store import bulk, migrate, reads
-from auditor.store.engine import make_engine
+from auditor.store.connection import make_engine
 from auditor.store.schema import gpu_samples
 from auditor.store.writes import upsert_gpus
 

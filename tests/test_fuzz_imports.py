@@ -24,7 +24,7 @@ from sqlalchemy import select
 from typer.testing import CliRunner
 
 from auditor.cli import app
-from auditor.store.engine import make_engine
+from auditor.store.connection import make_engine
 from auditor.store.schema import metadata
 
 FIXTURES = Path(__file__).parent / "fixtures"

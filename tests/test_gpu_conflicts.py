@@ -44,7 +44,7 @@ def db(db_url: str) -> str:
 
 
 def stored_gpus(db: str) -> dict[str, tuple[str, int | None, str | None]]:
-    from auditor.store.engine import make_engine
+    from auditor.store.connection import make_engine
 
     engine = make_engine(db)
     with engine.connect() as conn:

@@ -22,7 +22,7 @@ from auditor.collect.kubectl_files import is_yaml, read_kubectl
 from auditor.collect.kubectl_json import KubectlRecord
 from auditor.errors import InputError
 from auditor.settings import TeamRules
-from auditor.store.engine import make_engine
+from auditor.store.connection import make_engine
 from auditor.store.schema import nodes, pods
 
 PODS = Path(__file__).parent / "fixtures" / "pods"

@@ -14,7 +14,7 @@ from sqlalchemy import Engine, inspect, text
 
 from auditor.errors import StoreError
 from auditor.store import migrate
-from auditor.store.engine import make_engine
+from auditor.store.connection import make_engine
 from auditor.store.schema import metadata
 
 ROOT = Path(__file__).resolve().parent.parent

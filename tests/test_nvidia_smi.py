@@ -819,7 +819,7 @@ def test_several_files_each_its_node_and_a_bad_one_refused_alone(tmp_path: Path)
     from typer.testing import CliRunner
 
     from auditor.cli import app
-    from auditor.store.engine import make_engine
+    from auditor.store.connection import make_engine
     from auditor.store.schema import gpus
 
     logs = tmp_path / "logs"

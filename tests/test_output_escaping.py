@@ -38,7 +38,7 @@ from auditor.report.text import csv_cell, html_text, neutralise, terminal_safe
 from auditor.settings import Config, Prices, Thresholds
 from auditor.simulate import SCENARIOS, simulate
 from auditor.store import reads
-from auditor.store.engine import make_engine
+from auditor.store.connection import make_engine
 
 runner = CliRunner()
 

@@ -17,8 +17,8 @@ from auditor.jobs.common import open_store
 from auditor.model import GpuRecord, GpuSample
 from auditor.settings import Thresholds
 from auditor.store import migrate
-from auditor.store.engine import make_engine
-from auditor.store.outputs import read_outputs
+from auditor.store.connection import make_engine
+from auditor.store.work_done import read_outputs
 from auditor.store.writes import insert_samples, upsert_gpus, upsert_pods
 
 T0 = 1_795_000_000_000  # 2026-11-18T11:06:40Z

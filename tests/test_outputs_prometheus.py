@@ -30,8 +30,8 @@ from auditor.report.compare import latency_quantiles
 from auditor.settings import Config
 from auditor.simulate.ab import simulate_ab
 from auditor.store import migrate
-from auditor.store.engine import make_engine
-from auditor.store.outputs import read_latency, read_outputs
+from auditor.store.connection import make_engine
+from auditor.store.work_done import read_latency, read_outputs
 from auditor.store.writes import upsert_pods
 
 T0 = 1_795_248_000  # 2026-11-21 08:00 UTC, a day before the A/B story; a multiple of 300 s

@@ -28,7 +28,7 @@ from auditor.errors import InputError
 from auditor.jobs import import_prometheus, open_store
 from auditor.model import GpuRecord, PodRecord
 from auditor.store import migrate, reads
-from auditor.store.engine import make_engine
+from auditor.store.connection import make_engine
 from auditor.store.schema import gpu_assignments, gpu_samples, gpus
 from auditor.store.writes import upsert_gpus, upsert_pods
 

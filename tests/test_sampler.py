@@ -28,7 +28,7 @@ from auditor.agents.sample.sampler import Sampler, SamplerSettings
 from auditor.jobs import open_store
 from auditor.model import PodRecord
 from auditor.store import migrate
-from auditor.store.engine import make_engine
+from auditor.store.connection import make_engine
 from auditor.store.sample_sink import StoreSink
 from auditor.store.schema import gpu_assignments, gpu_samples, gpus
 from auditor.store.writes import upsert_pods

@@ -118,7 +118,7 @@ def test_postgresql_outage_and_recovery(pg_db_url: str, script: Path, tmp_path: 
     from sqlalchemy.engine import make_url
 
     from auditor.store import migrate
-    from auditor.store.engine import make_engine
+    from auditor.store.connection import make_engine
 
     real = make_url(pg_db_url)
     proxy = Proxy(real.port or 5432)

@@ -29,7 +29,7 @@ from auditor.errors import StoreError
 from auditor.jobs import open_store
 from auditor.model import GpuRecord, GpuSample
 from auditor.redact import redact
-from auditor.store.engine import make_engine
+from auditor.store.connection import make_engine
 from auditor.store.sample_sink import StoreSink
 
 SECRET = "s3cr3t-PW@x:y"

@@ -109,7 +109,7 @@ def test_each_kind_of_sharing_is_recognised(kind: str, name: str) -> None:
 def test_the_table_round_trips_through_import_and_the_store(db: str) -> None:
     """`auditor import pods` of every fixture, then `read_pods`: the same table, on SQLite
     and PostgreSQL."""
-    from auditor.store.engine import make_engine
+    from auditor.store.connection import make_engine
 
     for kind in ("timeslicing", "mig", "hami", "runai", "milli"):
         code, out = invoke(db, "import", "pods", str(FIXTURES / f"{kind}.json"))
@@ -219,7 +219,7 @@ def test_a_hostile_value_is_one_line_naming_file_line_and_field(case: str, tmp_p
 
 
 def _pod_count(db: str) -> int:
-    from auditor.store.engine import make_engine
+    from auditor.store.connection import make_engine
 
     engine = make_engine(db)
     with engine.connect() as conn:
@@ -256,7 +256,7 @@ CARD = "GPU-0fc3eda5-e98b-a25b-5b0d-cf5c855d1448"
 
 
 def _assignments(db: str) -> dict[tuple[str, str], tuple[str, float | None]]:
-    from auditor.store.engine import make_engine
+    from auditor.store.connection import make_engine
 
     engine = make_engine(db)
     with engine.connect() as conn:
@@ -289,7 +289,7 @@ def test_hami_cards_become_exact_assignments(db: str) -> None:
 
 
 def test_hami_memory_share_uses_the_cards_known_memory(db: str) -> None:
-    from auditor.store.engine import make_engine
+    from auditor.store.connection import make_engine
 
     engine = make_engine(db)
     with engine.begin() as conn:

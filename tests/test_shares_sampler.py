@@ -30,7 +30,7 @@ from auditor.agents.sample.sampler import Sampler, SamplerSettings
 from auditor.jobs import open_store
 from auditor.model import Batch, GpuRecord, GpuSample, Holding, TenantSample
 from auditor.store import migrate, reads
-from auditor.store.engine import make_engine
+from auditor.store.connection import make_engine
 from auditor.store.sample_sink import StoreSink
 from auditor.store.schema import gpus
 

@@ -405,7 +405,7 @@ def what_if(
     each policy over them: a pod idle since before the window is stopped as a policy that had
     been on all along would have stopped it. Every gang that held a card in the window is
     classified and replayed whole."""
-    from auditor.classify.engine import Window, classify
+    from auditor.classify.pipeline import Window, classify
 
     over = in_play(tenures, window)
     lo, hi = span(over, window)

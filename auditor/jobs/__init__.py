@@ -23,7 +23,7 @@ from auditor.jobs.imports import (
     import_pods,
     import_prometheus,
 )
-from auditor.jobs.outputs import (
+from auditor.jobs.outputs_and_compare import (
     OutputsImportStats,
     Selection,
     compare,

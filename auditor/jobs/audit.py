@@ -76,12 +76,12 @@ def audit(
     audited; the n shards together store exactly what one unsharded run stores.
     """
     from auditor.classify.efficiency import efficiency
-    from auditor.classify.engine import Window, classify
+    from auditor.classify.pipeline import Window, classify
     from auditor.classify.rollup import rolled_up_seconds, with_rolled
     from auditor.classify.tenures import build_tenures
     from auditor.store import reads
-    from auditor.store.outputs import write_sm_rows
     from auditor.store.rollup import read_rolled_card_samples
+    from auditor.store.work_done import write_sm_rows
     from auditor.store.writes import replace_audit_run
 
     started = time.perf_counter()

@@ -36,7 +36,7 @@ def open_store(url: str) -> Engine:
     from sqlalchemy import inspect
 
     from auditor.store import migrate
-    from auditor.store.engine import is_sqlite, make_engine
+    from auditor.store.connection import is_sqlite, make_engine
 
     engine = make_engine(url)
     try:

@@ -20,7 +20,7 @@ class Revisions:
 def db_upgrade(url: str, *, revision: str = "head") -> str | None:
     """Apply migrations up to `revision`; returns the revision the database is at after."""
     from auditor.store import migrate
-    from auditor.store.engine import make_engine
+    from auditor.store.connection import make_engine
 
     engine = make_engine(url)
     try:
@@ -37,7 +37,7 @@ def db_upgrade(url: str, *, revision: str = "head") -> str | None:
 def db_current(url: str) -> Revisions:
     """The database's revision and the auditor's head revision."""
     from auditor.store import migrate
-    from auditor.store.engine import make_engine
+    from auditor.store.connection import make_engine
 
     engine = make_engine(url)
     try:

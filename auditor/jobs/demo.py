@@ -98,7 +98,7 @@ def ab_story(url: str, out_dir: Path, *, log: Callable[[str], None]) -> Callable
     audited (what `auditor report` shows by default). Outputs come from the simulated
     servers' counters written as CSV and their latency histograms stored directly: the demo
     runs without Prometheus (the tests read the same counters through one)."""
-    from auditor.jobs.outputs import (
+    from auditor.jobs.outputs_and_compare import (
         compare,
         import_outputs_csv,
         parse_side,

@@ -81,8 +81,8 @@ def _read_report(
     from auditor.report.render import Report
     from auditor.report.summary import GROUP_COLUMNS, GroupBy, summarise, totals
     from auditor.store import reads
-    from auditor.store.outputs import read_outputs, read_sm
     from auditor.store.rollup import runs_rolled_up_seconds
+    from auditor.store.work_done import read_outputs, read_sm
 
     per_output_groups = (GroupBy.JOB, GroupBy.TEAM)
 
@@ -183,7 +183,7 @@ def _explain(
 ) -> Explanation:
     import pandas as pd
 
-    from auditor.classify.engine import Window, classify
+    from auditor.classify.pipeline import Window, classify
     from auditor.report.explain import build_explanation
     from auditor.report.targets import resolve_target
     from auditor.report.timeline import bucketise

@@ -33,7 +33,7 @@ from auditor.errors import InputError, StoreError, shown
 from auditor.model import PodRecord
 from auditor.settings import Sharing, TeamRules
 from auditor.store.bounds import RowError, check_row, is_data_error
-from auditor.store.engine import transaction
+from auditor.store.connection import transaction
 from auditor.store.schema import nodes, pods
 from auditor.store.writes import known_deletions, pod_row
 

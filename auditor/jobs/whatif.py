@@ -61,7 +61,7 @@ def replay_stored(
     chunk's own pods are replayed there, and the pods of all chunks summed per team."""
     import pandas as pd
 
-    from auditor.classify.engine import Window, classify
+    from auditor.classify.pipeline import Window, classify
     from auditor.classify.rollup import with_rolled
     from auditor.classify.tenures import build_tenures
     from auditor.classify.whatif import (

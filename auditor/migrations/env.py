@@ -15,7 +15,7 @@ from alembic import context
 from sqlalchemy import Connection
 
 from auditor.settings import DB_URL_ENV
-from auditor.store.engine import make_engine
+from auditor.store.connection import make_engine
 from auditor.store.schema import metadata
 
 config = context.config

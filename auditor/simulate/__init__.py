@@ -4,7 +4,7 @@
 list and the ground truth (GPU-seconds per team and category, by construction under SPEC §3).
 """
 
-from auditor.simulate.engine import Outage, SimulationResult, simulate
+from auditor.simulate.cluster import Outage, SimulationResult, simulate
 from auditor.simulate.scenario import SCENARIOS, TEAMS, Scenario
 
 __all__ = ["SCENARIOS", "TEAMS", "Outage", "Scenario", "SimulationResult", "simulate"]

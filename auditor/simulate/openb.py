@@ -46,7 +46,7 @@ from auditor.simulate.sharedcluster import (
     set_times,
 )
 from auditor.simulate.sharedpreset import within_share
-from auditor.simulate.workloads import Grid
+from auditor.simulate.utilisation import Grid
 from auditor.simulate.writers import node_object
 
 DAY_S = 86_400

@@ -35,7 +35,7 @@ from auditor.settings import Thresholds
 from auditor.simulate.plan import Ending, Namer, PodPlan
 from auditor.simulate.sharedtruth import Holder, estimated_activity, shared_card_truth
 from auditor.simulate.telemetry import derive
-from auditor.simulate.workloads import Frames, Grid
+from auditor.simulate.utilisation import Frames, Grid
 from auditor.simulate.writers import (
     NodeGpus,
     PodContext,

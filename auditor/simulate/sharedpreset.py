@@ -43,7 +43,7 @@ from auditor.simulate.sharedcluster import (
     set_times,
     write_cluster,
 )
-from auditor.simulate.workloads import Grid, inference_block, notebook_block
+from auditor.simulate.utilisation import Grid, inference_block, notebook_block
 from auditor.simulate.writers import node_object
 
 MINUTE_MS = 60_000

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from auditor.simulate.workloads import Frames
+from auditor.simulate.utilisation import Frames
 
 IDLE_PCT = 5
 REASON_NONE = 0x0

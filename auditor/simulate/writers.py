@@ -21,7 +21,7 @@ import numpy.typing as npt
 
 from auditor.simulate.plan import Ending, Namer, PodPlan
 from auditor.simulate.telemetry import REASON_CODES, Telemetry
-from auditor.simulate.workloads import Frames
+from auditor.simulate.utilisation import Frames
 
 NVIDIA_SMI_FIELDS = (
     "timestamp,index,uuid,name,utilization.gpu,memory.used,memory.total,"

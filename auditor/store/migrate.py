@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from sqlalchemy import Connection, Engine, text
 
 from auditor.errors import StoreError
-from auditor.store.engine import make_engine
+from auditor.store.connection import make_engine
 
 if TYPE_CHECKING:
     from alembic.config import Config

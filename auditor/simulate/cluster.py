@@ -31,7 +31,7 @@ from auditor.simulate.plan import Ending, GangPlan, Label, Namer, Owner, PodPlan
 from auditor.simulate.scenario import TEAMS, Scenario
 from auditor.simulate.telemetry import derive
 from auditor.simulate.truth import NO_POD, Tenure, card_truth, straggler_points
-from auditor.simulate.workloads import Frames, Grid, fill_gang
+from auditor.simulate.utilisation import Frames, Grid, fill_gang
 from auditor.simulate.writers import (
     NodeGpus,
     PodContext,

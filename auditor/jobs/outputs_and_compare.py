@@ -50,7 +50,7 @@ def import_outputs_csv(url: str, path: Path) -> OutputsImportStats:
     """Store an outputs CSV in one transaction. A job's row is shared among its pods in
     proportion to the time each held within the row's interval."""
     from auditor.collect.outputs import read_outputs_csv
-    from auditor.store.outputs import pods_by_name, pods_of_jobs, write_outputs
+    from auditor.store.work_done import pods_by_name, pods_of_jobs, write_outputs
 
     started = time.perf_counter()
     rows = read_outputs_csv(path)
@@ -133,7 +133,7 @@ def import_outputs_prometheus(
     """Read output counters and the latency histogram, store them per pod and interval."""
     from auditor.collect.outputs import DEFAULT_COUNTERS, DEFAULT_LATENCY, ReadStats, read_counters
     from auditor.collect.prometheus import PrometheusClient
-    from auditor.store.outputs import pods_by_name, write_latency, write_outputs
+    from auditor.store.work_done import pods_by_name, write_latency, write_outputs
 
     started = time.perf_counter()
     if window[1] <= window[0]:
@@ -223,7 +223,7 @@ def import_outputs_prometheus(
 def store_latency_rows(url: str, rows: Sequence[dict[str, Any]]) -> int:
     """Store latency bucket increases given per (namespace, pod): what the demo computed from
     its simulated servers' own histograms, where no Prometheus runs."""
-    from auditor.store.outputs import pods_by_name, write_latency
+    from auditor.store.work_done import pods_by_name, write_latency
 
     engine = open_store(url)
     with engine.begin() as conn:
@@ -311,7 +311,7 @@ def side(url: str, sel: Selection) -> Side:
     from auditor.jobs.reports import covering_runs
     from auditor.report.compare import Side, outputs_in_window, side_figures
     from auditor.store import reads
-    from auditor.store.outputs import read_latency, read_outputs
+    from auditor.store.work_done import read_latency, read_outputs
 
     engine = open_store(url)
     with engine.connect() as conn:
@@ -328,7 +328,7 @@ def side(url: str, sel: Selection) -> Side:
         produced = outputs_in_window(produced[produced["pod_uid"].isin(uids)], window=sel.window)
         latency = read_latency(conn, window=sel.window, pod_uids=sorted(uids))
     if len(latency):
-        from auditor.store.outputs import overlap_share
+        from auditor.store.work_done import overlap_share
 
         latency = latency.assign(count=latency["count"] * overlap_share(latency, window=sel.window))
     return Side(sel.text, sel.window, side_figures(results, produced, latency, window=sel.window))
