@@ -10,9 +10,44 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from enum import StrEnum
+from typing import NamedTuple
 
 from auditor.errors import GpuConflictError
+
+
+class Window(NamedTuple):
+    """A time window `[start_ms, end_ms)`, epoch milliseconds UTC.
+
+    A tuple, so `start_ms, end_ms = window` and `window[0]` work, and a plain pair compares
+    equal to it."""
+
+    start_ms: int
+    end_ms: int
+
+
+@dataclass(frozen=True)
+class Selection:
+    """One side of `compare` (SPEC §8): the pods a selector picks, over a window of its own.
+
+    `kind` is "job" (`value` namespace/Kind/name), "team" or "label" (`value` KEY=VALUE);
+    `text` is the side as written, `KIND=VALUE@START..END`, which the comparison shows."""
+
+    kind: str
+    value: str
+    window: Window
+    text: str
+
+    @classmethod
+    def of(cls, kind: str, value: str, window: Window) -> Selection:
+        """The selection with its text written out, ISO 8601 UTC to the second."""
+        start, end = (_iso_utc(ms) for ms in window)
+        return cls(kind, value, window, f"{kind}={value}@{start}..{end}")
+
+
+def _iso_utc(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class WasteCategory(StrEnum):

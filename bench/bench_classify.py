@@ -19,7 +19,8 @@ import time
 import numpy as np
 import pandas as pd
 
-from auditor.classify import Window, classify
+from auditor.classify import classify
+from auditor.model import Window
 from auditor.settings import Thresholds
 
 DAY_MS = 86_400_000

@@ -20,8 +20,8 @@ import pandas as pd
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from auditor.classify import Window, classify
-from auditor.model import CATEGORIES
+from auditor.classify import classify
+from auditor.model import CATEGORIES, Window
 from auditor.settings import Thresholds
 
 TH = Thresholds(

@@ -16,8 +16,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from auditor.classify import Window, classify
-from auditor.model import CATEGORIES
+from auditor.classify import classify
+from auditor.model import CATEGORIES, Window
 from auditor.settings import Thresholds
 
 S = 1000

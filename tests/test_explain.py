@@ -17,9 +17,10 @@ from test_classify_properties import TH, clusters, windows
 from typer.testing import CliRunner
 
 from auditor import jobs
-from auditor.classify import Window, classify
+from auditor.classify import classify
 from auditor.cli import app
 from auditor.errors import InputError
+from auditor.model import Window
 from auditor.report.explain import Explanation, text_strip
 from auditor.report.targets import resolve_target
 from auditor.report.timeline import CardTimeline, bucketise

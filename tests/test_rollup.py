@@ -25,7 +25,7 @@ from sqlalchemy import Engine, select
 from typer.testing import CliRunner
 
 from auditor import jobs
-from auditor.classify import Window, build_tenures, classify
+from auditor.classify import build_tenures, classify
 from auditor.classify.coverage import ROLLED_PERIOD_MS, SampleTable, load_samples
 from auditor.classify.rollup import (
     MINUTE_MS,
@@ -36,7 +36,7 @@ from auditor.classify.rollup import (
     with_rolled,
 )
 from auditor.cli import app
-from auditor.model import CATEGORIES, GpuRecord, GpuSample
+from auditor.model import CATEGORIES, GpuRecord, GpuSample, Window
 from auditor.settings import Config, Thresholds
 from auditor.simulate import SCENARIOS, SimulationResult, simulate
 from auditor.store import reads

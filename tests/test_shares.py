@@ -18,8 +18,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from auditor.classify import Window, build_tenures, classify
+from auditor.classify import build_tenures, classify
 from auditor.classify.mig import mig_share
+from auditor.model import Window
 from auditor.settings import Thresholds
 
 HOUR = 3_600_000

@@ -19,7 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_classify_properties import TH, close, overlap, reading, spacing, spans
 
-from auditor.classify import Window, classify
+from auditor.classify import classify
+from auditor.model import Window
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 T0 = 1_700_000_000_000

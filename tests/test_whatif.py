@@ -23,10 +23,11 @@ from test_classify_properties import Cluster, clusters
 from typer.testing import CliRunner
 
 from auditor import jobs
-from auditor.classify import Window, classify
+from auditor.classify import classify
 from auditor.classify.whatif import WhatIf, parse_policy, what_if
 from auditor.cli import app
 from auditor.errors import InputError
+from auditor.model import Window
 from auditor.report.whatif import render_whatif_csv, render_whatif_json, render_whatif_table
 from auditor.settings import Thresholds
 

@@ -4,7 +4,7 @@ No I/O, no clock: DataFrames in, DataFrames out. `build_tenures` says who held w
 when; `classify` splits every capacity second of a window into waste categories.
 """
 
-from auditor.classify.pipeline import Classification, Window, classify
+from auditor.classify.pipeline import Classification, classify
 from auditor.classify.tenures import TENURE_COLUMNS, build_tenures
 
-__all__ = ["TENURE_COLUMNS", "Classification", "Window", "build_tenures", "classify"]
+__all__ = ["TENURE_COLUMNS", "Classification", "build_tenures", "classify"]

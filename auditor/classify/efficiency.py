@@ -27,6 +27,7 @@ import pandas as pd
 from auditor.classify.arrays import BoolArr, FloatArr, IntArr
 from auditor.classify.coverage import load_samples
 from auditor.classify.findings import FINDING_COLUMNS, empty_findings
+from auditor.model import Window
 from auditor.settings import Thresholds
 
 SM_COLUMNS = ["gpu", "pod_uid", "sm_active_seconds", "sm_busy_seconds"]
@@ -98,7 +99,7 @@ def efficiency(
     samples: pd.DataFrame,
     tenures: pd.DataFrame,
     *,
-    window: tuple[int, int],
+    window: Window,
     thresholds: Thresholds,
     rule: StallRule | None = None,
 ) -> Efficiency:

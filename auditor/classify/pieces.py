@@ -17,7 +17,7 @@ import pandas as pd
 from auditor.classify import codes
 from auditor.classify.arrays import BoolArr, FloatArr, IntArr, ObjArr, reduce_groups
 from auditor.classify.timeline import TenureTable
-from auditor.model import CATEGORIES
+from auditor.model import CATEGORIES, Window
 
 RESULT_COLUMNS = ["gpu", "pod_uid", "category", "seconds", "estimated"]
 
@@ -83,7 +83,7 @@ def sum_results(
     *,
     seconds: FloatArr,
     rest: Plain,
-    window: tuple[int, int],
+    window: Window,
     tenures: TenureTable,
     uuids: ObjArr,
 ) -> pd.DataFrame:
@@ -170,7 +170,7 @@ def piece_frame(
     hi: IntArr,
     seconds: FloatArr,
     rest: Plain,
-    window: tuple[int, int],
+    window: Window,
     tenures: TenureTable,
     uuids: ObjArr,
 ) -> pd.DataFrame:

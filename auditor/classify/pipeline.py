@@ -57,17 +57,10 @@ from auditor.classify.pieces import (
 from auditor.classify.runs import RunDecision, classify_runs
 from auditor.classify.shares import Scale, expand, on_physical_cards
 from auditor.classify.timeline import TenureTable, cut_segments, normalise_tenures
+from auditor.model import Window
 from auditor.settings import Thresholds
 
 T = TypeVar("T", bound=np.generic)
-
-
-@dataclass(frozen=True)
-class Window:
-    """The audit window `[start_ms, end_ms)`, epoch milliseconds UTC."""
-
-    start_ms: int
-    end_ms: int
 
 
 @dataclass(frozen=True)
@@ -206,7 +199,7 @@ def classify(
         tenures,
         cards=cards,
         activity=activity,
-        window=(window.start_ms, window.end_ms),
+        window=window,
         force=shared_cards,
     )
     scale: Scale | None = None
@@ -295,7 +288,7 @@ def classify(
         pieces,
         seconds=seconds,
         rest=rest,
-        window=(window.start_ms, window.end_ms),
+        window=window,
         tenures=ten,
         uuids=st.uuids,
     )
@@ -325,7 +318,7 @@ def classify(
             hi=hi,
             seconds=seconds,
             rest=rest,
-            window=(window.start_ms, window.end_ms),
+            window=window,
             tenures=ten,
             uuids=st.uuids,
         )

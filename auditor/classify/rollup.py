@@ -27,6 +27,7 @@ import pandas as pd
 
 from auditor.classify.arrays import FloatArr, IntArr, ObjArr, starts_of
 from auditor.classify.coverage import SampleTable, load_samples
+from auditor.model import Window
 from auditor.settings import Thresholds
 
 MINUTE_MS = 60_000
@@ -216,7 +217,7 @@ def with_rolled(raw: pd.DataFrame, rolled: pd.DataFrame) -> pd.DataFrame:
 
 
 def rolled_up_seconds(
-    samples: pd.DataFrame, *, window: tuple[int, int], gpus: Collection[str] | None = None
+    samples: pd.DataFrame, *, window: Window, gpus: Collection[str] | None = None
 ) -> float:
     """GPU-seconds of `window` that rolled-up rows (a `cover_ms` value) cover, of `gpus`.
 

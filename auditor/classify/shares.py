@@ -52,6 +52,7 @@ import pandas as pd
 from auditor.classify.arrays import BoolArr, FloatArr, IntArr, ObjArr
 from auditor.classify.coverage import SampleTable
 from auditor.classify.mig import card_weights
+from auditor.model import Window
 
 SEP = "\x1f"
 """Separates a physical card's UUID from the tenant in a virtual card's key."""
@@ -183,7 +184,7 @@ def expand(
     *,
     cards: pd.DataFrame | None,
     activity: pd.DataFrame | None,
-    window: tuple[int, int],
+    window: Window,
     force: Iterable[str] = (),
 ) -> Expanded | None:
     """The sample table and tenures with shared cards expanded (module docstring), or None
@@ -391,7 +392,7 @@ def _split_card(
     period: int,
     tenants: list[_Tenant],
     by_tenant: dict[tuple[str, str], tuple[IntArr, FloatArr]],
-    window: tuple[int, int],
+    window: Window,
 ) -> tuple[
     dict[str, np.ndarray],
     list[tuple[_Tenant, dict[str, np.ndarray]]],

@@ -36,7 +36,7 @@ import numpy as np
 import pandas as pd
 
 from auditor.classify.policy import Policy, parse_policy
-from auditor.model import WasteCategory
+from auditor.model import WasteCategory, Window
 from auditor.settings import Thresholds
 
 __all__ = ["Policy", "WhatIf", "card_rows", "parse_policy", "replay", "replay_pods", "what_if"]
@@ -108,7 +108,7 @@ class WhatIf:
     busy_lost_gpu_hours, released_gpu_hours; sorted by policy order, stop_ms, gang, pod.
     """
 
-    window: tuple[int, int]
+    window: Window
     policies: tuple[str, ...]
     rows: pd.DataFrame
     stops: pd.DataFrame
@@ -195,7 +195,7 @@ def replay_pods(
     pods: pd.DataFrame,
     tenures: pd.DataFrame,
     policies: Sequence[Policy],
-    window: tuple[int, int],
+    window: Window,
     thresholds: Thresholds,
 ) -> pd.DataFrame:
     """Each policy replayed over `rows` (`card_rows` of pieces covering whole tenures): one
@@ -310,9 +310,7 @@ def replay_pods(
     return pd.concat(out, ignore_index=True)
 
 
-def summarise(
-    per_pod: pd.DataFrame, *, policies: Sequence[Policy], window: tuple[int, int]
-) -> WhatIf:
+def summarise(per_pod: pd.DataFrame, *, policies: Sequence[Policy], window: Window) -> WhatIf:
     """`replay_pods` rows (of one replay, or of several chunks of pods) per policy and team."""
     out_rows: list[pd.DataFrame] = []
     out_stops: list[pd.DataFrame] = []
@@ -365,7 +363,7 @@ def replay(
     pods: pd.DataFrame,
     tenures: pd.DataFrame,
     policies: Sequence[Policy],
-    window: tuple[int, int],
+    window: Window,
     thresholds: Thresholds,
 ) -> WhatIf:
     """`replay_pods` summarised per policy and team."""
@@ -375,19 +373,20 @@ def replay(
     return summarise(per_pod, policies=policies, window=window)
 
 
-def in_play(tenures: pd.DataFrame, window: tuple[int, int]) -> pd.DataFrame:
+def in_play(tenures: pd.DataFrame, window: Window) -> pd.DataFrame:
     """The tenures of every gang that held a card in the window: a job is replayed whole."""
     w0, w1 = window
     overlap = (tenures["start_ms"] < w1) & (tenures["end_ms"] > w0)
     return tenures[tenures["gang"].isin(set(tenures.loc[overlap, "gang"]))]
 
 
-def span(tenures: pd.DataFrame, window: tuple[int, int]) -> tuple[int, int]:
+def span(tenures: pd.DataFrame, window: Window) -> Window:
     """The window stretched to the whole of `tenures`: what the replay classifies."""
     if tenures.empty:
         return window
-    return min(window[0], int(tenures["start_ms"].min())), max(
-        window[1], int(tenures["end_ms"].max())
+    return Window(
+        min(window[0], int(tenures["start_ms"].min())),
+        max(window[1], int(tenures["end_ms"].max())),
     )
 
 
@@ -397,7 +396,7 @@ def what_if(
     *,
     pods: pd.DataFrame,
     policies: Sequence[Policy],
-    window: tuple[int, int],
+    window: Window,
     thresholds: Thresholds,
     markers: pd.DataFrame | None = None,
 ) -> WhatIf:
@@ -405,7 +404,7 @@ def what_if(
     each policy over them: a pod idle since before the window is stopped as a policy that had
     been on all along would have stopped it. Every gang that held a card in the window is
     classified and replayed whole."""
-    from auditor.classify.pipeline import Window, classify
+    from auditor.classify.pipeline import classify
 
     over = in_play(tenures, window)
     lo, hi = span(over, window)

@@ -25,7 +25,6 @@ from auditor.jobs.imports import (
 )
 from auditor.jobs.outputs_and_compare import (
     OutputsImportStats,
-    Selection,
     compare,
     import_outputs_csv,
     import_outputs_prometheus,
@@ -42,6 +41,7 @@ from auditor.jobs.reports import (
 from auditor.jobs.retention import RetentionStats, rollup
 from auditor.jobs.services import SampleOptions, WatchOptions, sample, watch
 from auditor.jobs.whatif import whatif
+from auditor.model import Selection
 
 __all__ = [
     "AUDIT_CHUNK_SAMPLES",

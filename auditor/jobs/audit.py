@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from auditor import __version__
 from auditor.errors import InputError
 from auditor.jobs.common import nulls, open_store
+from auditor.model import Window
 from auditor.settings import Thresholds
 
 if TYPE_CHECKING:
@@ -28,14 +29,14 @@ READ_MARGIN_MS = 15 * 60_000
 @dataclass(frozen=True)
 class AuditStats:
     run_id: int
-    window: tuple[int, int]
+    window: Window
     gpus: int
     samples: int
     tenures: int
     seconds: float
 
 
-def data_window(url: str, *, period_s: float) -> tuple[int, int]:
+def data_window(url: str, *, period_s: float) -> Window:
     """The span of all stored samples, raw or rolled up, for an audit given no window."""
     from auditor.store.reads import sample_span
     from auditor.store.rollup import rollup_span
@@ -47,7 +48,7 @@ def data_window(url: str, *, period_s: float) -> tuple[int, int]:
         raise InputError("no GPU samples stored yet: import some first", field="window")
     spans = [s for s in (raw, rolled) if s is not None]
     end = max(raw[1] + int(period_s * 1000) if raw else 0, rolled[1] if rolled else 0)
-    return min(s[0] for s in spans), end
+    return Window(min(s[0] for s in spans), end)
 
 
 def shard_of(node: str, shards: int) -> int:
@@ -76,7 +77,7 @@ def audit(
     audited; the n shards together store exactly what one unsharded run stores.
     """
     from auditor.classify.efficiency import efficiency
-    from auditor.classify.pipeline import Window, classify
+    from auditor.classify.pipeline import classify
     from auditor.classify.rollup import rolled_up_seconds, with_rolled
     from auditor.classify.tenures import build_tenures
     from auditor.store import reads
@@ -90,6 +91,7 @@ def audit(
     start_ms, end_ms = window
     if end_ms <= start_ms:
         raise InputError("the audit window ends before it starts", field="--end")
+    audited = Window(start_ms, end_ms)
     engine = open_store(url)
     result_rows: list[dict[str, object]] = []
     finding_rows: list[dict[str, object]] = []
@@ -102,7 +104,7 @@ def audit(
         assignments = reads.read_assignments(conn)
         nodes = reads.read_nodes(conn)
         tenures = build_tenures(pods, gpus, assignments, now_ms=end_ms, nodes=nodes)
-        ranges = card_ranges(gpus, tenures, window=(start_ms, end_ms))
+        ranges = card_ranges(gpus, tenures, window=audited)
         gpu_ids = dict(zip(gpus["uuid"], gpus["id"], strict=True))
         uuids = {int(i): str(u) for u, i in gpu_ids.items()}
         first_card = tenures.groupby("gang")["gpu"].min()
@@ -140,7 +142,7 @@ def audit(
             result = classify(
                 samples,
                 part,
-                window=Window(start_ms, end_ms),
+                window=audited,
                 thresholds=thresholds,
                 cards=gpus,
                 activity=activity,
@@ -152,7 +154,7 @@ def audit(
             fnd = fnd[fnd["gpu"].fillna(fnd["gang"].map(first_card)).isin(own)]
             result_rows += _result_rows(res, part, gpu_ids)
             finding_rows += _finding_rows(fnd, gpu_ids)
-            eff = efficiency(samples, part, window=(start_ms, end_ms), thresholds=thresholds)
+            eff = efficiency(samples, part, window=audited, thresholds=thresholds)
             finding_rows += _finding_rows(eff.findings[eff.findings["gpu"].isin(own)], gpu_ids)
             sm_rows += [
                 {
@@ -166,12 +168,12 @@ def audit(
             mine = samples["gpu"].isin(own)
             n_samples += int(mine.sum())
             n_gpus += int(samples.loc[mine, "gpu"].nunique())
-            rolled += rolled_up_seconds(samples, window=(start_ms, end_ms), gpus=own)
+            rolled += rolled_up_seconds(samples, window=audited, gpus=own)
             del samples, activity, result, res, fnd, mine
     with engine.begin() as conn:
         run_id = replace_audit_run(
             conn,
-            window=(start_ms, end_ms),
+            window=audited,
             shard="all" if shard is None else f"{shard[0]}/{shard[1]}",
             created_ms=now_ms if now_ms is not None else int(time.time() * 1000),
             thresholds=thresholds.as_dict(),
@@ -183,7 +185,7 @@ def audit(
         write_sm_rows(conn, run_id=run_id, rows=sm_rows)
     return AuditStats(
         run_id=run_id,
-        window=(start_ms, end_ms),
+        window=audited,
         gpus=n_gpus,
         samples=n_samples,
         tenures=len(tenures),
@@ -191,9 +193,7 @@ def audit(
     )
 
 
-def card_ranges(
-    gpus: pd.DataFrame, tenures: pd.DataFrame, *, window: tuple[int, int]
-) -> dict[str, tuple[int, int]]:
+def card_ranges(gpus: pd.DataFrame, tenures: pd.DataFrame, *, window: Window) -> dict[str, Window]:
     """Per card, the samples the audit reads: `[lo, hi)`, margins included.
 
     The window, stretched to the whole of every tenure on the card that overlaps it (SPEC §3
@@ -207,11 +207,11 @@ def card_ranges(
     over = tenures[(tenures["start_ms"] < end_ms) & (tenures["end_ms"] > start_ms)]
     lo = over.groupby("gpu")["start_ms"].min()
     hi = over.groupby("gpu")["end_ms"].max()
-    out: dict[str, tuple[int, int]] = {}
+    out: dict[str, Window] = {}
     for uuid in gpus["uuid"].astype(str):
         a = min(start_ms, int(lo[uuid])) if uuid in lo.index else start_ms
         b = max(end_ms, int(hi[uuid])) if uuid in hi.index else end_ms
-        out[uuid] = (a - READ_MARGIN_MS, b + READ_MARGIN_MS)
+        out[uuid] = Window(a - READ_MARGIN_MS, b + READ_MARGIN_MS)
     return out
 
 

@@ -101,7 +101,6 @@ def ab_story(url: str, out_dir: Path, *, log: Callable[[str], None]) -> Callable
     from auditor.jobs.outputs_and_compare import (
         compare,
         import_outputs_csv,
-        parse_side,
         store_latency_rows,
     )
     from auditor.report.compare import render_compare_table
@@ -124,11 +123,7 @@ def ab_story(url: str, out_dir: Path, *, log: Callable[[str], None]) -> Callable
             ("serving", "Serving abtest/chat: batch size 8 -> 32 (and 2 replicas -> 1)"),
             ("training", "Training abtest/resnet: DataLoader workers 2 -> 8"),
         ):
-            result = compare(
-                url,
-                parse_side(ab.selector(what, "A"), option="A"),
-                parse_side(ab.selector(what, "B"), option="B"),
-            )
+            result = compare(url, ab.selection(what, "A"), ab.selection(what, "B"))
             parts.append(f"\n{title}\n{render_compare_table(result)}")
         return "\n".join(parts)
 

@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 from auditor.errors import InputError
 from auditor.jobs.common import open_store
+from auditor.model import Selection, Window
 
 if TYPE_CHECKING:
     import pandas as pd
-    from sqlalchemy import Connection
 
     from auditor.collect.prometheus import Auth
     from auditor.report.compare import Comparison, Side
@@ -247,14 +247,6 @@ def store_latency_rows(url: str, rows: Sequence[dict[str, Any]]) -> int:
 _SIDE = re.compile(r"^(job|team|label)=(.+)@(.+)\.\.(.+)$")
 
 
-@dataclass(frozen=True)
-class Selection:
-    kind: str
-    value: str
-    window: tuple[int, int]
-    text: str
-
-
 def parse_instant(text: str, *, option: str) -> int:
     """ISO 8601 (UTC where no zone is given) -> epoch milliseconds."""
     from datetime import UTC, datetime
@@ -281,29 +273,10 @@ def parse_side(text: str, *, option: str) -> Selection:
         raise InputError(f"job {value[:80]!r} is not namespace/Kind/name", field=option)
     if kind == "label" and "=" not in value:
         raise InputError(f"label {value[:80]!r} is not KEY=VALUE", field=option)
-    window = (parse_instant(a, option=option), parse_instant(b, option=option))
+    window = Window(parse_instant(a, option=option), parse_instant(b, option=option))
     if window[1] <= window[0]:
         raise InputError(f"{option}: the window ends before it starts", field=option)
     return Selection(kind, value, window, text.strip())
-
-
-def _selected_pods(conn: Connection, sel: Selection) -> set[str]:
-    from sqlalchemy import select
-
-    from auditor.store.schema import pods
-
-    if sel.kind == "job":
-        ns, kind, name = sel.value.split("/")
-        stmt = select(pods.c.uid).where(pods.c.namespace == ns, pods.c.job == f"{kind}/{name}")
-        return {str(u) for (u,) in conn.execute(stmt)}
-    if sel.kind == "team":
-        return {str(u) for (u,) in conn.execute(select(pods.c.uid).where(pods.c.team == sel.value))}
-    key, _, value = sel.value.partition("=")
-    return {
-        str(uid)
-        for uid, labels in conn.execute(select(pods.c.uid, pods.c.labels))
-        if isinstance(labels, dict) and labels.get(key) == value
-    }
 
 
 def side(url: str, sel: Selection) -> Side:
@@ -311,11 +284,11 @@ def side(url: str, sel: Selection) -> Side:
     from auditor.jobs.reports import covering_runs
     from auditor.report.compare import Side, outputs_in_window, side_figures
     from auditor.store import reads
-    from auditor.store.work_done import read_latency, read_outputs
+    from auditor.store.work_done import read_latency, read_outputs, selected_pods
 
     engine = open_store(url)
     with engine.connect() as conn:
-        uids = _selected_pods(conn, sel)
+        uids = selected_pods(conn, sel)
         if not uids:
             raise InputError(f"no pods match {sel.kind}={sel.value!r}", field="A/B")
         runs = reads.runs_in_window(conn, start_ms=sel.window[0], end_ms=sel.window[1])

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from auditor.errors import InputError
 from auditor.jobs.common import iso, open_store
+from auditor.model import Window
 from auditor.settings import Config, Thresholds
 
 if TYPE_CHECKING:
@@ -102,7 +103,7 @@ def _read_report(
     findings = reads.read_findings(conn, run_ids)
     rolled = runs_rolled_up_seconds(conn, run_ids)
     sm = read_sm(conn, run_ids)
-    window = (int(runs["window_start_ms"].min()), int(runs["window_end_ms"].max()))
+    window = Window(int(runs["window_start_ms"].min()), int(runs["window_end_ms"].max()))
     produced = read_outputs(conn, window=window) if by in per_output_groups else None
     scope = results if team is None else results[results["team"] == team]
     if team is not None and scope.empty:
@@ -183,7 +184,7 @@ def _explain(
 ) -> Explanation:
     import pandas as pd
 
-    from auditor.classify.pipeline import Window, classify
+    from auditor.classify.pipeline import classify
     from auditor.report.explain import build_explanation
     from auditor.report.targets import resolve_target
     from auditor.report.timeline import bucketise
@@ -227,8 +228,8 @@ def _explain(
     lo, hi = int(pieces["start_ms"].min()), int(pieces["end_ms"].max())
     return build_explanation(
         target=label,
-        window=(lo, hi),
-        timelines=bucketise(pieces, span=(lo, hi), buckets=buckets),
+        window=Window(lo, hi),
+        timelines=bucketise(pieces, span=Window(lo, hi), buckets=buckets),
         results=found.results,
         findings=found.findings[
             found.findings["gang"].isin(set(gang["gang"])) | found.findings["pod_uid"].isin(uids)

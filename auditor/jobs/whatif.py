@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from auditor.errors import InputError
 from auditor.jobs.audit import AUDIT_CHUNK_SAMPLES, READ_MARGIN_MS
 from auditor.jobs.common import open_store
+from auditor.model import Window
 from auditor.settings import Thresholds
 
 if TYPE_CHECKING:
@@ -41,7 +42,9 @@ def whatif(
     engine = open_store(url)
     try:
         with engine.connect() as conn:
-            return replay_stored(conn, policies=policies, window=window, thresholds=thresholds)
+            return replay_stored(
+                conn, policies=policies, window=Window(*window), thresholds=thresholds
+            )
     finally:
         engine.dispose()
 
@@ -50,7 +53,7 @@ def replay_stored(
     conn: Connection,
     *,
     policies: Sequence[Policy],
-    window: tuple[int, int],
+    window: Window,
     thresholds: Thresholds,
     chunk_samples: int = AUDIT_CHUNK_SAMPLES,
 ) -> WhatIf:
@@ -61,7 +64,7 @@ def replay_stored(
     chunk's own pods are replayed there, and the pods of all chunks summed per team."""
     import pandas as pd
 
-    from auditor.classify.pipeline import Window, classify
+    from auditor.classify.pipeline import classify
     from auditor.classify.rollup import with_rolled
     from auditor.classify.tenures import build_tenures
     from auditor.classify.whatif import (
@@ -104,7 +107,7 @@ def replay_stored(
         )
         part = over[over["gpu"].isin(context)]
         found = classify(
-            samples, part, window=Window(*span(part, window)), thresholds=thresholds,
+            samples, part, window=span(part, window), thresholds=thresholds,
             keep_pieces=True,
         )  # fmt: skip
         assert found.pieces is not None

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import pandas as pd
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from auditor.model import CATEGORIES, PLATFORM_TEAM, SCHEDULING_WASTE
+from auditor.model import CATEGORIES, PLATFORM_TEAM, SCHEDULING_WASTE, Window
 from auditor.report.summary import GroupBy, summarise, totals
 from auditor.report.text import terminal_safe
 
@@ -34,7 +34,7 @@ TOP_JOBS = 10
 class AuditFigures:
     """What the metrics show of one audit: its window, when it was stored, the summaries."""
 
-    window: tuple[int, int]
+    window: Window
     completed_ms: int
     """When the audit run was stored (the latest shard's time for a sharded audit)."""
     teams: pd.DataFrame
@@ -44,9 +44,7 @@ class AuditFigures:
     totals: dict[str, float]
 
 
-def audit_figures(
-    results: pd.DataFrame, *, window: tuple[int, int], completed_ms: int
-) -> AuditFigures:
+def audit_figures(results: pd.DataFrame, *, window: Window, completed_ms: int) -> AuditFigures:
     """The figures of one audit from its stored results (as `reads.read_results` gives them)."""
     return AuditFigures(
         window=window,

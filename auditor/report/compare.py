@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from auditor.model import CATEGORIES, PLATFORM_TEAM, SCHEDULING_WASTE
+from auditor.model import CATEGORIES, PLATFORM_TEAM, SCHEDULING_WASTE, Window
 
 UNIT_PREFERENCE = ("tokens", "samples", "steps", "inferences", "requests", "prompt_tokens")
 """Where a pod or group has several units, the one its `outputs` counts: the first present."""
@@ -56,7 +56,7 @@ def choose_unit(units: Sequence[str]) -> str | None:
     return present[0]
 
 
-def outputs_in_window(rows: pd.DataFrame, *, window: tuple[int, int]) -> pd.DataFrame:
+def outputs_in_window(rows: pd.DataFrame, *, window: Window) -> pd.DataFrame:
     """Output rows with `outputs` prorated to the part of their interval inside the window."""
     if rows.empty:
         return rows.assign(in_window=pd.Series(dtype="float64"))
@@ -168,7 +168,7 @@ class Side:
     """One side of a comparison: what was selected, over which window, and its figures."""
 
     label: str
-    window: tuple[int, int]
+    window: Window
     figures: dict[str, Any]
 
 
@@ -186,7 +186,7 @@ def side_figures(
     outputs: pd.DataFrame,
     latency: pd.DataFrame,
     *,
-    window: tuple[int, int],
+    window: Window,
 ) -> dict[str, Any]:
     """The figures `compare` shows for one side: the selected pods' results in the window,
     their output rows (prorated already: column `in_window`) and latency buckets."""

@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 import numpy as np
 import pandas as pd
 
-from auditor.model import SCHEDULING_WASTE, WasteCategory
+from auditor.model import SCHEDULING_WASTE, WasteCategory, Window
 from auditor.report.advice import next_step, throttle_names
 from auditor.report.text import terminal_safe
 from auditor.report.timeline import CardTimeline
@@ -55,7 +55,7 @@ class Card:
 @dataclass(frozen=True)
 class Explanation:
     target: str
-    window: tuple[int, int]
+    window: Window
     cards: list[Card]
     findings: pd.DataFrame
     """kind, pod, rank, node, gpu, start_ms, end_ms, seconds, detail; sorted by start."""
@@ -74,7 +74,7 @@ def _text(value: object) -> str:
 def build_explanation(
     *,
     target: str,
-    window: tuple[int, int],
+    window: Window,
     timelines: list[CardTimeline],
     results: pd.DataFrame,
     findings: pd.DataFrame,

@@ -17,7 +17,7 @@ from typing import Any
 
 import pandas as pd
 
-from auditor.model import CATEGORIES
+from auditor.model import CATEGORIES, Window
 from auditor.report.text import csv_cell, safe_lines, terminal_safe
 
 HOURS_DECIMALS = 4
@@ -27,7 +27,7 @@ HOURS_DECIMALS = 4
 class Report:
     """What every renderer draws: the grouped rows, fleet totals, offenders, the window."""
 
-    window: tuple[int, int]
+    window: Window
     by: str
     rows: pd.DataFrame
     totals: dict[str, float]

@@ -21,7 +21,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from auditor.model import CATEGORIES, WasteCategory
+from auditor.model import CATEGORIES, WasteCategory, Window
 
 FloatArr = npt.NDArray[np.float64]
 CATEGORY_NAMES = [c.value for c in CATEGORIES]
@@ -66,9 +66,7 @@ def _integral(starts: FloatArr, ends: FloatArr, amount: FloatArr, edges: FloatAr
     return out
 
 
-def bucketise(
-    pieces: pd.DataFrame, *, span: tuple[int, int], buckets: int = 600
-) -> list[CardTimeline]:
+def bucketise(pieces: pd.DataFrame, *, span: Window, buckets: int = 600) -> list[CardTimeline]:
     """Per (card, pod) of the held `pieces`: seconds per category and mean utilisation per
     bucket of `span`, which should hold every piece (module docstring). Cards are sorted by
     gpu and pod_uid; pieces nobody held (pod_uid None) are left out."""

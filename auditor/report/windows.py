@@ -10,13 +10,15 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from auditor.model import Window
+
 
 @dataclass(frozen=True)
 class RunChoice:
     run_ids: list[int]
-    missing: list[tuple[int, int]]
+    missing: list[Window]
     """Stretches of the window no chosen run covers."""
-    incomplete: list[tuple[int, int]]
+    incomplete: list[Window]
     """Windows whose shards are not all stored (a sharded audit still running or failed)."""
 
 
@@ -36,7 +38,7 @@ def choose_runs(runs: pd.DataFrame, *, start_ms: int, end_ms: int) -> RunChoice:
     a window together stand for it).
     """
     inside = runs[(runs["window_start_ms"] >= start_ms) & (runs["window_end_ms"] <= end_ms)]
-    incomplete: list[tuple[int, int]] = []
+    incomplete: list[Window] = []
     if "shard" in inside.columns and len(inside):
         keep = []
         for key, group in inside.groupby(["window_start_ms", "window_end_ms"], sort=True):
@@ -47,7 +49,7 @@ def choose_runs(runs: pd.DataFrame, *, start_ms: int, end_ms: int) -> RunChoice:
             elif shards_complete(shards):
                 keep.append(group)
             else:
-                incomplete.append((a, b))
+                incomplete.append(Window(a, b))
         inside = pd.concat(keep) if keep else inside.iloc[0:0]
     windows = (
         inside[["window_start_ms", "window_end_ms"]]
@@ -65,19 +67,19 @@ def choose_runs(runs: pd.DataFrame, *, start_ms: int, end_ms: int) -> RunChoice:
         if any(b in exact for b in options[a]):
             exact.add(a)
     starts = sorted(options)
-    chosen: list[tuple[int, int]] = []
-    missing: list[tuple[int, int]] = []
+    chosen: list[Window] = []
+    missing: list[Window] = []
     pos = start_ms
     while pos < end_ms:
         if pos in options:
             ends = options[pos]
             nxt = next((b for b in ends if b in exact), ends[0])
-            chosen.append((pos, nxt))
+            chosen.append(Window(pos, nxt))
             pos = nxt
             continue
         later = [a for a in starts if a > pos]
         nxt = later[0] if later else end_ms
-        missing.append((pos, nxt))
+        missing.append(Window(pos, nxt))
         pos = nxt
     keys = set(chosen)
     pairs = zip(
@@ -90,7 +92,7 @@ def choose_runs(runs: pd.DataFrame, *, start_ms: int, end_ms: int) -> RunChoice:
 @dataclass(frozen=True)
 class LatestAudit:
     run_ids: list[int]
-    window: tuple[int, int]
+    window: Window
     completed_ms: int
     """When its last run (its last shard) was stored."""
 
@@ -116,6 +118,8 @@ def latest_complete(runs: pd.DataFrame) -> LatestAudit | None:
         if best_key is None or rank > best_key:
             best_key = rank
             best = LatestAudit(
-                run_ids=sorted(int(i) for i in chosen["id"]), window=(a, b), completed_ms=completed
+                run_ids=sorted(int(i) for i in chosen["id"]),
+                window=Window(a, b),
+                completed_ms=completed,
             )
     return best

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from auditor.model import Selection, Window
 from auditor.simulate.plan import Ending, Namer, Owner, PodPlan
 from auditor.simulate.writers import NVIDIA_SMI_HEADER, PodContext, pod_object, write_pod_list
 
@@ -72,7 +73,7 @@ SAMPLES_PER_BUSY_GPU_S = 40.0
 
 @dataclass
 class AbResult:
-    """What `simulate_ab` wrote, and the selectors of its two comparisons."""
+    """What `simulate_ab` wrote, and the selections of its two comparisons."""
 
     out_dir: Path
     node_csv: Path
@@ -80,7 +81,7 @@ class AbResult:
     serving_openmetrics: Path
     serving_csv: Path
     training_csv: Path
-    windows: dict[str, tuple[int, int]]
+    windows: dict[str, Window]
     latency_rows: list[dict[str, object]] = field(default_factory=list)
     """(namespace, pod, metric, start_ms, end_ms, le, count): the histogram's increases."""
 
@@ -88,10 +89,14 @@ class AbResult:
     def iso(ms: int) -> str:
         return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
+    def selection(self, what: str, side: str) -> Selection:
+        """The job of `what` ("serving" or "training") over the window of `side`."""
+        job = "abtest/Deployment/chat" if what == "serving" else "abtest/Job/resnet"
+        return Selection.of("job", job, self.windows[side])
+
     def selector(self, what: str, side: str) -> str:
-        a, b = self.windows[side]
-        target = "job=abtest/Deployment/chat" if what == "serving" else "job=abtest/Job/resnet"
-        return f"{target}@{self.iso(a)}..{self.iso(b)}"
+        """The same as `compare` reads it from the command line."""
+        return self.selection(what, side).text
 
 
 def _norm_cdf(x: float) -> float:
@@ -116,8 +121,8 @@ def simulate_ab(out_dir: Path, *, seed: int = 16) -> AbResult:
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "nodes").mkdir(exist_ok=True)
     uuids = [namer.gpu_uuid() for _ in range(8)]
-    windows = {"A": (START_MS, START_MS + WINDOW_MS)}
-    windows["B"] = (START_MS + 3 * 3_600_000, START_MS + 3 * 3_600_000 + WINDOW_MS)
+    windows = {"A": Window(START_MS, START_MS + WINDOW_MS)}
+    windows["B"] = Window(START_MS + 3 * 3_600_000, START_MS + 3 * 3_600_000 + WINDOW_MS)
     # sampled time: from 10 min before A to 10 min after B
     t0, t1 = START_MS - 600_000, windows["B"][1] + 600_000
     ticks = np.arange(t0, t1, PERIOD_MS, dtype=np.int64)
@@ -169,10 +174,10 @@ def simulate_ab(out_dir: Path, *, seed: int = 16) -> AbResult:
             )
             reset_at = (w0 + w1) // 2 if side == "A" and r == 1 else None
             om_lines += _vllm_series(
-                pod.name, v, replicas=v.replicas, window=(w0, w1), reset_at=reset_at
+                pod.name, v, replicas=v.replicas, window=Window(w0, w1), reset_at=reset_at
             )
-            serving_rows += _serving_csv(pod.name, v, replicas=v.replicas, window=(w0, w1))
-            latency_rows += _latency_rows(pod.name, v, replicas=v.replicas, window=(w0, w1))
+            serving_rows += _serving_csv(pod.name, v, replicas=v.replicas, window=Window(w0, w1))
+            latency_rows += _latency_rows(pod.name, v, replicas=v.replicas, window=Window(w0, w1))
         # training: one pod of 4 GPUs
         job_owner = Owner("batch/v1", "Job", "resnet", namer.uid())
         pod = PodPlan(
@@ -263,7 +268,7 @@ def _requests(v: Variant, *, replicas: int, a: int, b: int) -> float:
 
 
 def _vllm_series(
-    pod: str, v: Variant, *, replicas: int, window: tuple[int, int], reset_at: int | None
+    pod: str, v: Variant, *, replicas: int, window: Window, reset_at: int | None
 ) -> list[str]:
     """Counter samples every 15 s over the window (and 5 min either side, idle there)."""
     labels = f'namespace="abtest",pod="{pod}",model_name="llama-3-8b"'
@@ -306,7 +311,7 @@ def _openmetrics(lines: list[str]) -> str:
     return "\n".join(text) + "\n"
 
 
-def _serving_csv(pod: str, v: Variant, *, replicas: int, window: tuple[int, int]) -> list[str]:
+def _serving_csv(pod: str, v: Variant, *, replicas: int, window: Window) -> list[str]:
     rows = []
     for a in range(window[0], window[1], INTERVAL_MS):
         tokens = _requests(v, replicas=replicas, a=a, b=a + INTERVAL_MS) * TOKENS_PER_REQUEST
@@ -317,7 +322,7 @@ def _serving_csv(pod: str, v: Variant, *, replicas: int, window: tuple[int, int]
 
 
 def _latency_rows(
-    pod: str, v: Variant, *, replicas: int, window: tuple[int, int]
+    pod: str, v: Variant, *, replicas: int, window: Window
 ) -> list[dict[str, object]]:
     rows: list[dict[str, object]] = []
     for a in range(window[0], window[1], INTERVAL_MS):

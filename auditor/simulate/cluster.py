@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from auditor.model import CATEGORIES, PLATFORM_TEAM
+from auditor.model import CATEGORIES, PLATFORM_TEAM, Window
 from auditor.settings import Thresholds
 from auditor.simulate import catalogue
 from auditor.simulate.placement import Occupancy, Zone, first_fit, place
@@ -234,7 +234,7 @@ def _truth(
             label=frames.label[c],
             strag=strag[c],
             tenures=tenures.get(c, []),
-            window=(scenario.start_ms, scenario.end_ms),
+            window=Window(scenario.start_ms, scenario.end_ms),
             thresholds=Thresholds(),
         )
         parts.append(pd.DataFrame({"card": c, "pod": pod_idx, "cat": cat_idx, "sec": secs}))

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from auditor.model import CATEGORIES, PLATFORM_TEAM
+from auditor.model import CATEGORIES, PLATFORM_TEAM, Window
 from auditor.settings import Thresholds
 from auditor.simulate.plan import Ending, Namer, PodPlan
 from auditor.simulate.sharedtruth import Holder, estimated_activity, shared_card_truth
@@ -224,7 +224,7 @@ def _truths(
 ) -> pd.DataFrame:
     rows = []
     th = Thresholds()
-    window = (cluster.start_ms, cluster.end_ms)
+    window = Window(cluster.start_ms, cluster.end_ms)
     for c, card in enumerate(cluster.cards):
         ten = on_card[c]
         holders = [

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from auditor.model import CATEGORIES, WasteCategory
+from auditor.model import CATEGORIES, WasteCategory, Window
 from auditor.settings import Thresholds
 
 CAT = {c: i for i, c in enumerate(CATEGORIES)}
@@ -107,7 +107,7 @@ def shared_card_truth(
     util: np.ndarray,
     activity: np.ndarray,
     holders: list[Holder],
-    window: tuple[int, int],
+    window: Window,
     data_end_ms: int,
     thresholds: Thresholds,
     estimated: bool = False,

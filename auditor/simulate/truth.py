@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from auditor.model import CATEGORIES, WasteCategory
+from auditor.model import CATEGORIES, WasteCategory, Window
 from auditor.settings import Thresholds
 from auditor.simulate.plan import Label
 
@@ -64,7 +64,7 @@ def card_truth(
     label: np.ndarray,
     strag: np.ndarray,
     tenures: list[Tenure],
-    window: tuple[int, int],
+    window: Window,
     thresholds: Thresholds,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(pod index or -1, category index, seconds) for one card, summed per pod and category."""

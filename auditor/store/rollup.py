@@ -35,6 +35,7 @@ from auditor.classify.rollup import (
     pseudo_samples,
     with_rolled,
 )
+from auditor.model import Window
 from auditor.settings import Thresholds
 from auditor.store.schema import audit_runs, gpu_samples, gpu_samples_1m, gpu_tenant_util, gpus
 
@@ -148,9 +149,7 @@ def _in_range(ids: Sequence[int], a: int, b: int) -> ColumnElement[bool]:
     )
 
 
-def _chunks(
-    conn: Connection, ids: Sequence[int], *, cut: int, chunk_ms: int
-) -> Iterator[tuple[int, int]]:
+def _chunks(conn: Connection, ids: Sequence[int], *, cut: int, chunk_ms: int) -> Iterator[Window]:
     """Minute-aligned [a, b) steps before `cut` that hold raw samples, skipping empty time."""
     a = -(2**62)
     while True:
@@ -161,7 +160,7 @@ def _chunks(
             return
         a = floor_minute(int(first))
         b = min(a + chunk_ms, cut)
-        yield a, b
+        yield Window(a, b)
         a = b
 
 
@@ -313,13 +312,13 @@ def read_audit_samples(
     return with_rolled(raw, rolled)
 
 
-def rollup_span(conn: Connection) -> tuple[int, int] | None:
+def rollup_span(conn: Connection) -> Window | None:
     """The first and last instant the stored minutes cover, or None where there are none."""
     t = gpu_samples_1m
     lo, hi = conn.execute(select(func.min(t.c.covered_from_ms), func.max(t.c.covered_to_ms))).one()
     if lo is None:
         return None
-    return int(lo), int(hi)
+    return Window(int(lo), int(hi))
 
 
 def runs_rolled_up_seconds(conn: Connection, run_ids: Sequence[int]) -> float:

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 from sqlalchemy import Connection, and_, delete, insert, or_, select, tuple_
 
+from auditor.model import Selection, Window
 from auditor.store.schema import audit_sm, gpus, latency_buckets, outputs, pods
 
 _DELETE_CHUNK = 500
@@ -96,7 +97,7 @@ def write_latency(conn: Connection, rows: Sequence[Mapping[str, Any]]) -> int:
 _POD_COLS = ("team", "namespace", "job", "name", "gpu_count")
 
 
-def read_outputs(conn: Connection, *, window: tuple[int, int]) -> pd.DataFrame:
+def read_outputs(conn: Connection, *, window: Window) -> pd.DataFrame:
     """Output rows overlapping `[start, end)`, with the pod's team, namespace, job, name."""
     stmt = (
         select(
@@ -136,9 +137,7 @@ def read_outputs(conn: Connection, *, window: tuple[int, int]) -> pd.DataFrame:
     return df
 
 
-def read_latency(
-    conn: Connection, *, window: tuple[int, int], pod_uids: Sequence[str]
-) -> pd.DataFrame:
+def read_latency(conn: Connection, *, window: Window, pod_uids: Sequence[str]) -> pd.DataFrame:
     """Latency bucket rows of these pods overlapping `[start, end)`."""
     cols = ["pod_uid", "metric", "start_ms", "end_ms", "le", "count"]
     if not pod_uids:
@@ -198,10 +197,26 @@ def pods_of_jobs(
     return out
 
 
-def overlap_share(rows: pd.DataFrame, *, window: tuple[int, int]) -> np.ndarray:
+def overlap_share(rows: pd.DataFrame, *, window: Window) -> np.ndarray:
     """The part of each row's interval `[start_ms, end_ms)` inside the window (0-1)."""
     start = rows["start_ms"].to_numpy(dtype=np.float64)
     end = rows["end_ms"].to_numpy(dtype=np.float64)
     inside = np.clip(np.minimum(end, window[1]) - np.maximum(start, window[0]), 0, None)
     span = np.maximum(end - start, 1.0)
     return np.asarray(inside / span, dtype=np.float64)
+
+
+def selected_pods(conn: Connection, sel: Selection) -> set[str]:
+    """The uids of the pods a `compare` side selects: a job's, a team's or a label's."""
+    if sel.kind == "job":
+        ns, kind, name = sel.value.split("/")
+        stmt = select(pods.c.uid).where(pods.c.namespace == ns, pods.c.job == f"{kind}/{name}")
+        return {str(u) for (u,) in conn.execute(stmt)}
+    if sel.kind == "team":
+        return {str(u) for (u,) in conn.execute(select(pods.c.uid).where(pods.c.team == sel.value))}
+    key, _, value = sel.value.partition("=")
+    return {
+        str(uid)
+        for uid, labels in conn.execute(select(pods.c.uid, pods.c.labels))
+        if isinstance(labels, dict) and labels.get(key) == value
+    }

@@ -22,6 +22,7 @@ from auditor.model import (
     GpuSample,
     PodRecord,
     TenantSample,
+    Window,
 )
 from auditor.store.bounds import RowError, check_row
 from auditor.store.bulk import SAMPLE_COLUMNS, object_spans, write_rows
@@ -440,7 +441,7 @@ def supersedes(new: str, old: str) -> bool:
 def replace_audit_run(
     conn: Connection,
     *,
-    window: tuple[int, int],
+    window: Window,
     shard: str,
     created_ms: int,
     thresholds: Mapping[str, Any],

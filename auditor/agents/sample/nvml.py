@@ -36,7 +36,7 @@ import pynvml
 
 from auditor.agents.sample.cgroups import PodsOfProcesses
 from auditor.errors import AuditorError
-from auditor.model import GpuRecord, GpuSample, TenantSample
+from auditor.model import GpuRecord, GpuSample, TenantSample, Window
 
 MIB = 1 << 20
 
@@ -161,7 +161,7 @@ class NvmlReader:
                             mig,
                             index=None,
                             parent=uuid,
-                            window=(start_ms, now_ms),
+                            window=Window(start_ms, now_ms),
                             out=(gpus, samples),
                         )
                 else:
@@ -169,7 +169,7 @@ class NvmlReader:
                         handle,
                         index=index,
                         parent=None,
-                        window=(start_ms, now_ms),
+                        window=Window(start_ms, now_ms),
                         out=(gpus, samples),
                     )
                     if self._pods is not None:
@@ -232,7 +232,7 @@ class NvmlReader:
         *,
         index: int | None,
         parent: str | None,
-        window: tuple[int, int],
+        window: Window,
         out: tuple[list[GpuRecord], list[GpuSample]],
     ) -> None:
         uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
@@ -309,7 +309,7 @@ class NvmlReader:
             return None
         return min(1.0, max(0.0, float(metric.value) / 100.0))
 
-    def _utilisation(self, handle: Any, uuid: str, window: tuple[int, int]) -> float | None:
+    def _utilisation(self, handle: Any, uuid: str, window: Window) -> float | None:
         """Mean of the buffered samples since the last one seen; else the point reading."""
         if uuid not in self._no_buffer:
             since_us = self._last_seen_us.get(uuid, window[0] * 1000)
