@@ -9,7 +9,7 @@ source could not read it (never 0).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import NamedTuple
@@ -121,6 +121,15 @@ class GpuSample:
     sm_active: float | None = None
     tensor_active: float | None = None
     dram_active: float | None = None
+
+
+SAMPLE_FIELDS: tuple[str, ...] = tuple(
+    f.name for f in fields(GpuSample) if f.name not in ("gpu_uuid", "ts_ms")
+)
+"""What a `GpuSample` measures, in its order: the columns of the store's `gpu_samples` after
+its key, in the order bulk rows carry them (`auditor.store.schema`, `auditor.store.bulk`)."""
+SAMPLE_TEXT_FIELDS = frozenset({"throttle_reasons"})
+"""The measured field that is text (a hexadecimal bit mask); the others are numbers."""
 
 
 @dataclass(frozen=True, slots=True)

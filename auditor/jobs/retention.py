@@ -36,11 +36,9 @@ def rollup(
     batch_gpus: int | None = None,
 ) -> RetentionStats:
     """Roll up and prune the raw samples older than `older_than_days` (SPEC §3 coverage)."""
-    from sqlalchemy import select
     from sqlalchemy.exc import DBAPIError
 
     from auditor.store import rollup as store_rollup
-    from auditor.store.schema import gpus
 
     started = time.perf_counter()
     if older_than_days < 0:
@@ -50,7 +48,7 @@ def rollup(
     batch = batch_gpus or store_rollup.BATCH_GPUS
     engine = open_store(url)
     with engine.connect() as conn:
-        ids = [int(i) for i in conn.execute(select(gpus.c.id).order_by(gpus.c.id)).scalars()]
+        ids = store_rollup.gpu_ids(conn)
     n_gpus = deleted = written = 0
     cut = store_rollup.floor_minute(before_ms)
     for start in range(0, len(ids), batch):

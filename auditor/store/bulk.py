@@ -27,28 +27,19 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
+from auditor.model import SAMPLE_FIELDS, SAMPLE_TEXT_FIELDS
+
 if TYPE_CHECKING:
     import pandas as pd
     from sqlalchemy import Connection
 
-SAMPLE_COLUMNS = (
-    "util",
-    "memory_used_mib",
-    "memory_total_mib",
-    "power_w",
-    "sm_clock_mhz",
-    "throttle_reasons",
-    "temperature_c",
-    "sm_active",
-    "tensor_active",
-    "dram_active",
-)
-"""The measured columns of `gpu_samples`, in the order rows carry them."""
+SAMPLE_COLUMNS = SAMPLE_FIELDS
+"""The measured columns of `gpu_samples`, in the order rows carry them (the model's)."""
 ROW_COLUMNS = ("gpu_id", "ts_ms", *SAMPLE_COLUMNS)
 _PG_TYPES = [
     "int4",
     "int8",
-    *("varchar" if c == "throttle_reasons" else "float8" for c in SAMPLE_COLUMNS),
+    *("varchar" if c in SAMPLE_TEXT_FIELDS else "float8" for c in SAMPLE_COLUMNS),
 ]
 _COLS = ", ".join(ROW_COLUMNS)
 _SAVEPOINT = "auditor_bulk_samples"

@@ -64,6 +64,11 @@ def floor_minute(ms: int) -> int:
     return (ms // MINUTE_MS) * MINUTE_MS
 
 
+def gpu_ids(conn: Connection) -> list[int]:
+    """Every stored GPU's id, in order: what a rollup goes through in batches."""
+    return [int(i) for i in conn.execute(select(gpus.c.id).order_by(gpus.c.id)).scalars()]
+
+
 def rollup(
     conn: Connection,
     *,

@@ -23,6 +23,7 @@ from sqlalchemy import (
 )
 
 from auditor import limits
+from auditor.model import SAMPLE_FIELDS, SAMPLE_TEXT_FIELDS
 
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
@@ -54,16 +55,14 @@ gpu_samples = Table(
     metadata,
     Column("gpu_id", Integer, primary_key=True),
     Column("ts_ms", BigInteger, primary_key=True),
-    Column("util", Float, nullable=True),
-    Column("memory_used_mib", Float, nullable=True),
-    Column("memory_total_mib", Float, nullable=True),
-    Column("power_w", Float, nullable=True),
-    Column("sm_clock_mhz", Float, nullable=True),
-    Column("throttle_reasons", String(limits.THROTTLE_MAX), nullable=True),
-    Column("temperature_c", Float, nullable=True),
-    Column("sm_active", Float, nullable=True),
-    Column("tensor_active", Float, nullable=True),
-    Column("dram_active", Float, nullable=True),
+    *(
+        Column(
+            name,
+            String(limits.THROTTLE_MAX) if name in SAMPLE_TEXT_FIELDS else Float,
+            nullable=True,
+        )
+        for name in SAMPLE_FIELDS
+    ),
     sqlite_with_rowid=False,
 )
 """One row per GPU and timestamp, the table that grows (121 million rows a week at 1,000 GPUs).
