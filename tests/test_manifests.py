@@ -110,9 +110,9 @@ def test_a_pod_that_writes_to_a_claimed_volume_owns_it_through_its_group(overlay
     writers = []
     for obj in workloads(overlay):
         spec = pod_spec(obj)
-        claims = {
-            v["name"] for v in spec.get("volumes", []) if "persistentVolumeClaim" in v
-        } | {t["metadata"]["name"] for t in obj["spec"].get("volumeClaimTemplates", [])}
+        claims = {v["name"] for v in spec.get("volumes", []) if "persistentVolumeClaim" in v} | {
+            t["metadata"]["name"] for t in obj["spec"].get("volumeClaimTemplates", [])
+        }
         mounts = [
             m
             for c in spec["containers"]

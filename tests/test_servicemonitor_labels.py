@@ -48,7 +48,7 @@ SAMPLER_POD = {
 
 
 class _Quiet(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
+    def log_message(self, format: str, *args: Any) -> None:
         pass
 
 
@@ -104,13 +104,13 @@ def sampler_target() -> Iterator[str]:
     streaks = IdleStreaks(registry, node="gpu-node-1", idle_threshold_pct=5.0)
     now_ms = int(time.time() * 1000)
     start_ms = now_ms - 3 * 3600_000
-    holding = Holding(namespace="ml", pod="nb-0", gpu_uuid="GPU-a", first_ms=start_ms, last_ms=now_ms)
+    holding = Holding(
+        namespace="ml", pod="nb-0", gpu_uuid="GPU-a", first_ms=start_ms, last_ms=now_ms
+    )
     for ts in (start_ms, now_ms):
         sample = GpuSample(gpu_uuid="GPU-a", ts_ms=ts, util=0.0)
         streaks.update(taken_ms=ts, samples=[sample], held=[holding])
-    server: WSGIServer = make_server(
-        "127.0.0.1", 0, make_wsgi_app(registry), handler_class=_Quiet
-    )
+    server: WSGIServer = make_server("127.0.0.1", 0, make_wsgi_app(registry), handler_class=_Quiet)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:

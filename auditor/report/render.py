@@ -173,8 +173,18 @@ def _output_cells(rec: Mapping[Any, Any], *, scale: float, cell: Any) -> list[An
     return [cell(text), _num(rec["gpu_hours_per_1k_outputs"] * scale, 3)]
 
 
-def render_table(report: Report, *, width: int = 150) -> str:
-    """A readable terminal report: totals, the grouped table, and the top offenders."""
+PROSE_WIDTH = 150
+"""Where the sentences above and below the tables wrap when no terminal width is given."""
+UNBOUNDED = 100_000
+"""The width a table is measured in when it may be as wide as its content."""
+
+
+def render_table(report: Report, *, width: int | None = None) -> str:
+    """A readable terminal report: totals, the grouped table, and the top offenders.
+
+    `width`: the terminal's columns. A name a user types back (team, job, pod, node, card)
+    is never cut: in a terminal too narrow for it, it folds onto the next line. Without a
+    width (a file, a pipe), every table is as wide as its content needs."""
     from rich.console import Console
     from rich.table import Table
     from rich.text import Text
@@ -185,7 +195,15 @@ def render_table(report: Report, *, width: int = 150) -> str:
         return Text("-" if v is None else terminal_safe(str(v)))
 
     buf = io.StringIO()
-    console = Console(file=buf, width=width, force_terminal=False, color_system=None)
+    console = Console(file=buf, width=width or PROSE_WIDTH, force_terminal=False, color_system=None)
+
+    def show(table: Table) -> None:
+        if width is None:  # as wide as the content: nothing is folded either
+            unbounded = console.options.update_width(UNBOUNDED)
+            console.width = max(PROSE_WIDTH, console.measure(table, options=unbounded).maximum)
+        console.print(table)
+        console.width = width or PROSE_WIDTH
+
     t = report.totals
     alloc = t["allocated_gpu_hours"]
     unit, scale = table_unit(t["capacity_gpu_hours"])
@@ -210,8 +228,8 @@ def render_table(report: Report, *, width: int = 150) -> str:
     if "util_source" in report.rows.columns:
         keys.append("util_source")  # the metric, shown short: GPU_UTIL, GR_ENGINE_ACTIVE
     table = Table(title=f"{unit} by {report.by}", title_justify="left")
-    for k in keys:
-        table.add_column("util from" if k == "util_source" else k)
+    for k in keys:  # names: folded in a narrow terminal, never cut with an ellipsis
+        table.add_column("util from" if k == "util_source" else k, overflow="fold")
     short = {
         "reserved_idle": "resv idle",
         "straggler_wait": "straggler",
@@ -252,7 +270,7 @@ def render_table(report: Report, *, width: int = 150) -> str:
             ),
             *(_output_cells(rec, scale=scale, cell=cell) if has_out else []),
         )
-    console.print(table)
+    show(table)
     if not report.offenders.empty:
         off = Table(title="Top offenders and next steps", title_justify="left")
         for col, justify in (
@@ -262,7 +280,8 @@ def render_table(report: Report, *, width: int = 150) -> str:
             ("share", "right"),
             ("next step", "left"),
         ):
-            off.add_column(col, justify=justify)  # type: ignore[arg-type]
+            fold = "fold" if col in {"category", "offender"} else "ellipsis"
+            off.add_column(col, justify=justify, overflow=fold)  # type: ignore[arg-type]
         for rec in report.offenders.to_dict("records"):
             off.add_row(
                 cell(rec["category"]),
@@ -271,5 +290,5 @@ def render_table(report: Report, *, width: int = 150) -> str:
                 _pct(rec["share_of_category"]),
                 cell(rec["next_step"]),
             )
-        console.print(off)
+        show(off)
     return safe_lines(buf.getvalue())  # the cells are escaped already: this is the guarantee
