@@ -79,7 +79,13 @@ def _read_report(
     from auditor.report.compare import outputs_by, outputs_in_window, sm_by, with_outputs
     from auditor.report.offenders import STRAGGLER_COLUMNS, stragglers, top_offenders
     from auditor.report.render import Report
-    from auditor.report.summary import GROUP_COLUMNS, GroupBy, summarise, totals
+    from auditor.report.summary import (
+        GROUP_COLUMNS,
+        GroupBy,
+        nodes_without_pods,
+        summarise,
+        totals,
+    )
     from auditor.store import reads
     from auditor.store.outputs import read_outputs, read_sm
     from auditor.store.rollup import runs_rolled_up_seconds
@@ -135,6 +141,8 @@ def _read_report(
         offenders=top_offenders(scope, findings, top=top),
         rolled_up_seconds=rolled,
         util_sources={str(k): int(v) for k, v in cards.value_counts().items()},
+        nodes=int(scope["node"].nunique()),
+        nodes_without_pods=nodes_without_pods(scope),
     )
     return report, scope
 

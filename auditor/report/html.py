@@ -19,13 +19,7 @@ import pandas as pd
 from auditor.classify.whatif import WhatIf
 from auditor.model import CATEGORIES
 from auditor.report.explain import Explanation, duration, grouped_findings, when
-from auditor.report.render import (
-    Report,
-    estimated_note,
-    group_keys,
-    rolled_up_note,
-    util_source_note,
-)
+from auditor.report.render import Report, group_keys, held_busy, notes
 from auditor.report.svg import (
     COLOURS,
     LABELS,
@@ -92,14 +86,13 @@ def _summary(report: Report) -> str:
     tiles = [
         _tile("GPU-hours of capacity", f"{t['capacity_gpu_hours']:,.0f}"),
         _tile("GPU-hours held by pods", f"{alloc:,.0f}"),
-        _tile("busy (of held)", _share(t["busy_gpu_hours"], alloc)),
+        _tile("busy (of held)", _share(held_busy(t), alloc)),
         _tile("scheduling waste (of held)", _share(t["scheduling_waste_gpu_hours"], alloc)),
         _tile("compute idle (of held)", _share(t["compute_idle_gpu_hours"], alloc)),
         _tile("GPU-hours unallocated", f"{t['unallocated_gpu_hours']:,.0f}"),
         _tile("held time on inferred GPU→pod mapping", f"{t['inferred_share']:.0%}"),
     ]
-    notes = (rolled_up_note(report), util_source_note(report), estimated_note(report))
-    flag = "".join(f"<p class='muted'>{html_text(n)}</p>" for n in notes if n is not None)
+    flag = "".join(f"<p class='muted'>{html_text(n)}</p>" for n in notes(report))
     return f'<div class="tiles">{"".join(tiles)}</div>{flag}'
 
 
