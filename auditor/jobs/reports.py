@@ -263,7 +263,7 @@ def build_report_html(
     held which card once for all the timelines."""
     from auditor.jobs.whatif import replay_stored
     from auditor.report.html import render_report_html
-    from auditor.report.summary import card_utilisation
+    from auditor.report.summary import held_cards_utilisation
 
     engine = open_store(url)
     try:
@@ -293,7 +293,7 @@ def build_report_html(
             )
     finally:
         engine.dispose()
-    util = card_utilisation(results)["util_pct"].tolist()
+    util = held_cards_utilisation(results)["util_pct"].tolist()
     return render_report_html(report, card_util=util, timelines=shown, whatif=replayed)
 
 

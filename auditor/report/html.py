@@ -41,7 +41,8 @@ h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #ddd}
 h3{font-size:15px;margin:18px 0 6px}
 .muted{color:#666}.tiles{display:flex;flex-wrap:wrap;gap:10px}
 .tile{border:1px solid #ddd;border-radius:6px;padding:8px 12px;min-width:130px}
-.tile b{display:block;font-size:20px}table{border-collapse:collapse;margin:6px 0}
+.tile b{display:block;font-size:20px}table{border-collapse:collapse;margin:6px 0;
+display:block;max-width:100%;overflow-x:auto}
 td,th{padding:3px 8px;border-bottom:1px solid #eee;text-align:left;vertical-align:top}
 th{white-space:nowrap}td.n,th.n{text-align:right}.legend{margin:6px 0}
 .key{margin-right:14px;white-space:nowrap}
@@ -158,7 +159,7 @@ def _distribution(report: Report, card_util: Sequence[float] | None) -> str:
     more = f" ({len(rows)} biggest)" if len(report.rows) > MAX_BARS else ""
     hist = ""
     if card_util is not None and len(card_util):
-        title = f"Cards per utilisation band ({len(card_util)} held cards)"
+        title = f"Cards per utilisation band ({len(card_util)} cards held by pods)"
         hist = f"<div><h3>{title}</h3>{histogram(card_util)}</div>"
     return (
         "<h2>Per-card utilisation</h2><div style='display:flex;gap:24px;flex-wrap:wrap'>"

@@ -182,6 +182,18 @@ def _tenants(frame: pd.DataFrame, keys: list[str]) -> pd.Series:
     return per.groupby(keys)[["namespace", "pod", "share"]].apply(names)
 
 
+def held_cards_utilisation(results: pd.DataFrame) -> pd.DataFrame:
+    """Per physical card that a pod held in the window: busy share of its observed held
+    time, in percent, over all the pods that held it (one row per card, not per pod)."""
+    held = with_platform(results)
+    held = held[held["held"]]
+    observed = held[held["category"] != WasteCategory.UNOBSERVED.value]
+    seconds = observed.groupby("card")["seconds"].sum()
+    busy = observed[observed["category"] == WasteCategory.BUSY.value].groupby("card")["seconds"]
+    util = 100.0 * busy.sum().reindex(seconds.index).fillna(0.0) / seconds.where(seconds > 0)
+    return util.rename("util_pct").dropna().rename_axis("gpu").reset_index()
+
+
 def nodes_without_pods(results: pd.DataFrame) -> list[str]:
     """Nodes whose cards no known pod held at any time of the results: their pods were
     not imported (or nothing ran there)."""
