@@ -18,6 +18,22 @@ characters): a path is shown by its last `MAX_PATH` characters, a field by its f
 `MAX_FIELD`, and the message fills the rest of `MAX_LINE`."""
 
 
+WORD_BACK = 40
+"""How far back from the limit a message is cut at a space rather than inside a word."""
+
+
+def cut_at_word(message: str, room: int) -> str:
+    """`message` if it fits in `room` characters, else its start up to the last whole word
+    that fits (within `WORD_BACK` of the limit; else wherever it fits) and `…`."""
+    if len(message) <= room:
+        return message
+    head = message[: room - 1]
+    space = head.rfind(" ")
+    if space >= room - 1 - WORD_BACK and space > 0:
+        head = head[:space].rstrip(" ,;:(")
+    return f"{head}…"
+
+
 def shown(value: object, keep: int = MAX_SHOWN) -> str:
     """`repr(value)` cut to `keep` characters (containers by their type alone)."""
     text = type(value).__name__ if isinstance(value, dict | list) else repr(value)
@@ -59,10 +75,7 @@ class InputError(AuditorError):
             where += ": "
         field = f"field {shown(self.field, MAX_FIELD)}: " if self.field else ""
         room = max(MAX_LINE - len(where) - len(field), 40)
-        message = self.message
-        if len(message) > room:
-            message = f"{message[: room - 1]}…"
-        return f"{where}{field}{message}"
+        return f"{where}{field}{cut_at_word(self.message, room)}"
 
 
 class PodFieldError(InputError):

@@ -16,7 +16,7 @@ from auditor.model import CATEGORIES
 from auditor.report.explain import Card, Explanation
 from auditor.report.offenders import top_offenders
 from auditor.report.render import Report
-from auditor.report.summary import GroupBy, card_utilisation, summarise, totals
+from auditor.report.summary import GroupBy, held_cards_utilisation, summarise, totals
 from auditor.report.timeline import CATEGORY_NAMES, CardTimeline
 
 DAY_S = 86_400
@@ -99,7 +99,7 @@ def week_report(
         totals=totals(results),
         offenders=top_offenders(results, _findings(), top=3),
     )
-    util = card_utilisation(results)["util_pct"].tolist()
+    util = held_cards_utilisation(results)["util_pct"].tolist()
     named = [str(o) for o in report.offenders["offender"] if str(o).count("/") == 2]
     targets = list(dict.fromkeys(named))[:jobs]
     timelines = [

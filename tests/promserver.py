@@ -234,14 +234,15 @@ def backfill_text(text: str, data: Path) -> None:
         block.rename(data / block.name)
 
 
-def start_prometheus(data: Path, root: Path) -> PromServer:
-    """Serve the TSDB at `data` (filled by `backfill`) on a free loopback port."""
+def start_prometheus(data: Path, root: Path, *, config_text: str | None = None) -> PromServer:
+    """Serve the TSDB at `data` (filled by `backfill`) on a free loopback port; with
+    `config_text`, that configuration (scrape jobs, rule files) instead of an empty one."""
     found = binaries()
     if isinstance(found, str):
         raise RuntimeError(found)
     prometheus = found[0]
     config = root / "prometheus.yml"
-    config.write_text("global:\n  scrape_interval: 30s\n", encoding="utf-8")
+    config.write_text(config_text or "global:\n  scrape_interval: 30s\n", encoding="utf-8")
     port = _free_port()
     log = (root / "prometheus.log").open("wb")
     process = subprocess.Popen(

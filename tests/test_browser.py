@@ -154,6 +154,12 @@ def test_page_renders_in_chromium(
     assert len(seen) > 50  # text anti-aliasing, charts: anything but a blank page
     inked = np.any(image < 240, axis=2).mean()
     assert inked > 0.02, f"only {inked:.1%} of {shot} is drawn"
+    # nothing is drawn right of the page's column (24 px margin + 1000 px): a wide table
+    # scrolls inside it instead of running off the page
+    beyond = np.any(image[:, 1040:] < 240, axis=2)
+    assert not beyond.any(), (
+        f"{name} draws past 1040 px at rows {np.flatnonzero(beyond.any(axis=1))[:5]}"
+    )
     for category in colours:  # the legend swatches and bars carry the exact colours
         assert COLOURS[category] in seen, f"{category} colour missing from {shot}"
     dom = _browse(pages[name], tmp_path, "--dump-dom")

@@ -123,8 +123,18 @@ CASES = {
         [held("g1", "p1", 0, 60)],
         {("g1", "p1", "busy"): 24, ("g1", "p1", "compute_idle"): 36},
     ),
-    "unallocated, busy or not": Case(
-        [card("g1", [40, 0, 100, 0, 40, 40])], [], {("g1", None, "unallocated"): 60}
+    "no pod held it: its kernel time busy of no pod, the rest unallocated": Case(
+        [card("g1", [40, 0, 100, 0, 40, 40])],
+        [],
+        {("g1", None, "busy"): 22, ("g1", None, "unallocated"): 38},
+    ),
+    "unheld and never active: all unallocated": Case(
+        [card("g1", [0] * 6)], [], {("g1", None, "unallocated"): 60}
+    ),
+    "active after its pod released it: busy of no pod": Case(
+        [card("g1", [100] * 3 + [50] * 3)],
+        [held("g1", "p1", 0, 30)],
+        {("g1", "p1", "busy"): 30, ("g1", None, "busy"): 15, ("g1", None, "unallocated"): 15},
     ),
     "never touched: reserved_idle": Case(
         [card("g1", [0] * 6)], [held("g1", "p1", 0, 60)], {("g1", "p1", "reserved_idle"): 60}
@@ -350,16 +360,19 @@ CASES = {
     "a gap of more than 3 periods: one period, then unobserved": Case(
         [card("g1", [50, 50, 50, 50, OUT, OUT, OUT, 50])],
         [],
-        {("g1", None, "unallocated"): 50, ("g1", None, "unobserved"): 30},
+        {("g1", None, "busy"): 25, ("g1", None, "unallocated"): 25, ("g1", None, "unobserved"): 30},
     ),
     "a gap of exactly 3 periods is covered": Case(
-        [card("g1", [50, 50, 50, 50, OUT, OUT, 50])], [], {("g1", None, "unallocated"): 70}
+        [card("g1", [50, 50, 50, 50, OUT, OUT, 50])],
+        [],
+        {("g1", None, "busy"): 35, ("g1", None, "unallocated"): 35},
     ),
     "a tenure boundary mid-interval splits it in proportion": Case(
         [card("g1", [50, 50, 50])],
         [held("g1", "p1", 5, 25)],
         {
-            ("g1", None, "unallocated"): 10,
+            ("g1", None, "busy"): 5,
+            ("g1", None, "unallocated"): 5,
             ("g1", "p1", "busy"): 10,
             ("g1", "p1", "compute_idle"): 10,
         },
@@ -367,7 +380,7 @@ CASES = {
     "a tenure to the end of one GPU's span does not spill onto the next GPU": Case(
         [card("g1", [100] * 3), card("g2", [100] * 3)],
         [held("g1", "p1", 0, 1000)],
-        {("g1", "p1", "busy"): 30, ("g2", None, "unallocated"): 30},
+        {("g1", "p1", "busy"): 30, ("g2", None, "busy"): 30},
     ),
     "held time outside the observed span carries no capacity": Case(
         [card("g1", [100] * 3, start_s=100)],
@@ -447,8 +460,8 @@ def test_results_shape_and_order() -> None:
 
     assert list(out.columns) == ["gpu", "pod_uid", "category", "seconds", "estimated"]
     assert out["seconds"].dtype == np.float64
-    assert out["pod_uid"].tolist() == [None, "p1", "p1"]
-    assert out["category"].tolist() == ["unallocated", "busy", "compute_idle"]
+    assert out["pod_uid"].tolist() == [None, None, "p1", "p1"]
+    assert out["category"].tolist() == ["busy", "unallocated", "busy", "compute_idle"]
     assert set(out["category"]) <= {str(c) for c in CATEGORIES}
 
 
@@ -568,7 +581,7 @@ def test_duplicate_timestamps_keep_the_highest_readable_reading() -> None:
 
     out = classify(samples, tenure_frame([]), window=EVERYTHING, thresholds=TH)
 
-    assert as_dict(out.results) == {("g1", None, "unallocated"): 30}
+    assert as_dict(out.results) == {("g1", None, "busy"): 10, ("g1", None, "unallocated"): 20}
     held_out = classify(
         samples, tenure_frame([held("g1", "p1", 0, 30)]), window=EVERYTHING, thresholds=TH
     )

@@ -97,7 +97,18 @@ def test_an_idle_start_is_shaded_startup_where_the_classifier_puts_it() -> None:
     card = cards["A"]
     assert card.seconds["startup"].tolist() == [5.0] * 4 + [0.0] * 6
     assert np.allclose(card.seconds["compute_idle"][4:], 1.0)
-    assert text_strip(card, 10) == "SSSS██████"
+    # 80 % busy after the start: one character in five of those is compute idle
+    assert text_strip(card, 10) == "SSSS██i███"
+
+
+def test_the_text_strip_draws_each_category_in_proportion_to_its_time() -> None:
+    samples = _samples("A", [77.0] * 100)
+    cards = _timelines(samples, [_tenure("A", "p0", gang="p0", n=100)], n=100, buckets=100)
+    strip = text_strip(cards["A"], 50)
+    assert len(strip) == 50
+    # the first sample's slot is startup-free (active), the card 23 % compute idle throughout
+    assert strip.count("i") == pytest.approx(0.23 * 50, abs=1)
+    assert strip.count("█") == pytest.approx(0.77 * 50, abs=1)
 
 
 def test_buckets_add_up_to_held_time_with_gaps_unobserved() -> None:
@@ -114,7 +125,7 @@ def test_buckets_add_up_to_held_time_with_gaps_unobserved() -> None:
     assert card.util[0] == pytest.approx(50.0)
     assert np.isnan(card.util[3])  # [75 s, 100 s): nothing observed
     assert card.dominant()[3] == "unobserved"
-    assert text_strip(card, 8) == "██????██"
+    assert text_strip(card, 8) == "█i????█i"  # half busy, half compute idle, then the gap
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

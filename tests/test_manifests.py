@@ -103,6 +103,32 @@ def test_restricted_pod_security_everywhere_but_the_sampler(overlay: str) -> Non
             assert "requests" in c["resources"]
 
 
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_a_pod_that_writes_to_a_claimed_volume_owns_it_through_its_group(overlay: str) -> None:
+    """A fresh PersistentVolume is owned by root on most provisioners: a non-root pod that
+    mounts a claim read-write must set `fsGroup` (its own group), or its first write fails."""
+    writers = []
+    for obj in workloads(overlay):
+        spec = pod_spec(obj)
+        claims = {v["name"] for v in spec.get("volumes", []) if "persistentVolumeClaim" in v} | {
+            t["metadata"]["name"] for t in obj["spec"].get("volumeClaimTemplates", [])
+        }
+        mounts = [
+            m
+            for c in spec["containers"]
+            for m in c.get("volumeMounts", [])
+            if m["name"] in claims and not m.get("readOnly", False)
+        ]
+        if not mounts or spec["securityContext"].get("runAsUser", 0) == 0:
+            continue
+        writers.append(obj["metadata"]["name"])
+        pod = spec["securityContext"]
+        assert pod.get("fsGroup") == pod["runAsGroup"], obj["metadata"]["name"]
+        assert pod.get("fsGroupChangePolicy") == "OnRootMismatch", obj["metadata"]["name"]
+    assert "auditor-finance" in writers
+    assert ("auditor-postgres" in writers) is (overlay == "postgres")
+
+
 def test_sampler_reads_gpus_without_taking_one() -> None:
     sampler = next(o for o in workloads("external-db") if o["kind"] == "DaemonSet")
     spec = pod_spec(sampler)

@@ -82,7 +82,9 @@ def test_the_page_is_self_contained_and_shows_every_section() -> None:
     assert all(link.startswith("#") for link in page.links)  # nothing from the network
     assert {link[1:] for link in page.links} <= page.ids  # every offender link lands
     assert {slug(t.target) for t in timelines} <= page.ids
-    assert f"{len(util)} held cards" in text
+    # 100 cards, each held by another pod every day: the band chart counts cards, not pods
+    assert len(util) == 100
+    assert "(100 cards held by pods)" in text
 
 
 @pytest.fixture(scope="module")
@@ -90,6 +92,26 @@ def small_db(tmp_path_factory: pytest.TempPathFactory) -> str:
     work = tmp_path_factory.mktemp("small")
     jobs.demo(work, scenario="small", log=lambda _: None)
     return f"sqlite:///{work / 'auditor.db'}"
+
+
+def test_the_band_chart_counts_each_physical_card_once(small_db: str) -> None:
+    html = jobs.build_report_html(
+        small_db, start_ms=None, end_ms=None, by=GroupBy.GPU, team=None, thresholds=Thresholds()
+    )
+    report = jobs.build_report(small_db, start_ms=None, end_ms=None, by=GroupBy.GPU, team=None)
+    held = report.rows[report.rows["allocated_gpu_hours"] > 0]
+    assert f"({len(held)} cards held by pods)" in html
+
+
+def test_timelines_over_several_days_name_the_day_at_every_tick() -> None:
+    from auditor.report.svg import time_axis
+
+    day = 86_400_000
+    three_days = time_axis(0, 3 * day)
+    assert ">01-01 00:00<" in three_days or ">01-01<" in three_days
+    labels = [t.split("<")[0] for t in three_days.split('">')[1:]]
+    assert all("-" in label for label in labels if label), labels
+    assert all("-" not in t.split("<")[0] for t in time_axis(0, day // 2).split('">')[1:])
 
 
 def test_report_format_html_writes_one_page(small_db: str, tmp_path: Path) -> None:

@@ -5,7 +5,9 @@ Pipeline, each step a vectorised pass over flat arrays (loops only per GPU, gang
 1. `coverage.load_samples`: sort, merge duplicate timestamps, period, coverage.
 2. `timeline.normalise_tenures` and `timeline.cut_segments`: disjoint tenures; each GPU's
    observed span cut at samples, coverage gaps, tenure boundaries and startup caps.
-3. Unheld segments: covered → `unallocated` (busy or not), uncovered → `unobserved`.
+3. Unheld segments: covered → `unallocated`, less the kernel time a readable sample
+   shows (`busy` of no pod: kernels ran on a card that no known pod held), uncovered →
+   `unobserved`.
    Held segments that are uncovered or whose utilisation is unreadable → `unobserved` of
    the pod. The rest are *observed rows*: `u/100` of their time is `busy`.
 4. `runs.classify_runs`: idle runs per tenure card (whole / leading / trailing / long mid).
@@ -56,7 +58,7 @@ from auditor.classify.pieces import (
 )
 from auditor.classify.runs import RunDecision, classify_runs
 from auditor.classify.shares import Scale, expand, on_physical_cards
-from auditor.classify.timeline import TenureTable, cut_segments, normalise_tenures
+from auditor.classify.timeline import Segments, TenureTable, cut_segments, normalise_tenures
 from auditor.model import Window
 from auditor.settings import Thresholds
 
@@ -160,6 +162,35 @@ def _split_teardown(pieces: Pieces, split_at: IntArr) -> Pieces:
     )
 
 
+def _unheld_and_unobserved(
+    seg: Segments, plain: IntArr, *, held: BoolArr, util: FloatArr, scale: Scale | None
+) -> Plain:
+    """The segments no rule judges: held ones uncovered or unreadable are `unobserved` of
+    their pod; unheld covered ones `unallocated`, except the kernel time a readable sample
+    shows, which is `busy` of no pod (step 3); unheld uncovered ones `unobserved`."""
+    sample = seg.sample[plain]
+    covered = seg.covered[plain]
+    unheld = ~held[plain] & covered
+    category = np.where(unheld, codes.UNALLOCATED, codes.UNOBSERVED).astype(np.int64)
+    if scale is None:
+        weight = np.ones(plain.size)
+        busy = np.nan_to_num(util[plain]) / 100.0
+    else:
+        weight = np.where(covered, scale.covered[sample], scale.gap[sample])
+        busy = scale.busy[sample]
+    busy = np.where(unheld & ~np.isnan(util[plain]), np.minimum(busy, weight), 0.0)
+    ran = np.flatnonzero(busy > 0)
+    whole = scale is None and ran.size == 0
+    return Plain(
+        gpu=np.concatenate([seg.gpu[plain], seg.gpu[plain][ran]]),
+        tenure=np.concatenate([seg.tenure[plain], seg.tenure[plain][ran]]),
+        start=np.concatenate([seg.start[plain], seg.start[plain][ran]]),
+        end=np.concatenate([seg.end[plain], seg.end[plain][ran]]),
+        category=np.concatenate([category, np.full(ran.size, codes.BUSY, dtype=np.int64)]),
+        weight=None if whole else np.concatenate([weight - busy, busy[ran]]),
+    )
+
+
 def classify(
     samples: pd.DataFrame,
     tenures: pd.DataFrame,
@@ -214,20 +245,7 @@ def classify(
     observed = held & seg.covered & ~np.isnan(seg_util)
     rows = np.flatnonzero(observed)
     plain = np.flatnonzero(~observed)
-    unobserved = np.full(plain.size, codes.UNOBSERVED, dtype=np.int64)
-    unobserved[~held[plain] & seg.covered[plain]] = codes.UNALLOCATED
-    rest = Plain(
-        gpu=seg.gpu[plain],
-        tenure=seg.tenure[plain],
-        start=seg.start[plain],
-        end=seg.end[plain],
-        category=unobserved,
-        weight=None
-        if scale is None
-        else np.where(
-            seg.covered[plain], scale.covered[seg.sample[plain]], scale.gap[seg.sample[plain]]
-        ),
-    )
+    rest = _unheld_and_unobserved(seg, plain, held=held, util=seg_util, scale=scale)
     r_ten, r_start, r_end = seg.tenure[rows], seg.start[rows], seg.end[rows]
     r_util, r_sample, r_gpu = seg_util[rows], seg.sample[rows], seg.gpu[rows]
     del seg, seg_util, held, observed, plain

@@ -66,11 +66,13 @@ class Scale:
     """Per sample of the expanded table: how the classifier's time becomes card-seconds."""
 
     busy: FloatArr
-    """Busy card-seconds per second of a held, readable sample (utilisation/100 when whole)."""
+    """Busy card-seconds per second of a readable sample (utilisation/100 when whole); of a
+    physical card's own sample, the kernels that ran while no tenant held it."""
     idle: FloatArr
     """Factor on the idle fractions the rules give a held, readable sample."""
     covered: FloatArr
-    """Weight of a stretch the sample covers that is unallocated or unobserved as a whole."""
+    """Weight of a stretch the sample covers that is unallocated or unobserved (of an
+    unheld stretch, its busy part included)."""
     gap: FloatArr
     """Weight of the uncovered stretch after the sample."""
     estimated: BoolArr
@@ -276,7 +278,7 @@ def expand(
             cov_end=free["cov_end"],
             span_end=free["span_end"],
             throttle=free["throttle"],
-            busy=np.zeros(free["ts"].size),
+            busy=free["busy"] * w,
             idle=np.zeros(free["ts"].size),
             covered=free["covered"] * w,
             gap=free["gap"] * w,
@@ -539,6 +541,9 @@ def _split_card(
         "throttle": throttle[parent],
         "covered": np.nan_to_num(free_covered),
         "gap": free,
+        # kernels that ran while no tenant held the card: busy, though nobody's (free
+        # stretches while tenants are present carry only idle: their busy is the tenants')
+        "busy": np.where(n > 0, 0.0, np.nan_to_num(card_u)),
     }
     return free_arrays, virtual, over
 

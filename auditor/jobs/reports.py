@@ -80,7 +80,13 @@ def _read_report(
     from auditor.report.compare import outputs_by, outputs_in_window, sm_by, with_outputs
     from auditor.report.offenders import STRAGGLER_COLUMNS, stragglers, top_offenders
     from auditor.report.render import Report
-    from auditor.report.summary import GROUP_COLUMNS, GroupBy, summarise, totals
+    from auditor.report.summary import (
+        GROUP_COLUMNS,
+        GroupBy,
+        nodes_without_pods,
+        summarise,
+        totals,
+    )
     from auditor.store import reads
     from auditor.store.rollup import runs_rolled_up_seconds
     from auditor.store.work_done import read_outputs, read_sm
@@ -136,6 +142,8 @@ def _read_report(
         offenders=top_offenders(scope, findings, top=top),
         rolled_up_seconds=rolled,
         util_sources={str(k): int(v) for k, v in cards.value_counts().items()},
+        nodes=int(scope["node"].nunique()),
+        nodes_without_pods=nodes_without_pods(scope),
     )
     return report, scope
 
@@ -256,7 +264,7 @@ def build_report_html(
     held which card once for all the timelines."""
     from auditor.jobs.whatif import replay_stored
     from auditor.report.html import render_report_html
-    from auditor.report.summary import card_utilisation
+    from auditor.report.summary import held_cards_utilisation
 
     engine = open_store(url)
     try:
@@ -286,7 +294,7 @@ def build_report_html(
             )
     finally:
         engine.dispose()
-    util = card_utilisation(results)["util_pct"].tolist()
+    util = held_cards_utilisation(results)["util_pct"].tolist()
     return render_report_html(report, card_util=util, timelines=shown, whatif=replayed)
 
 

@@ -19,13 +19,7 @@ import pandas as pd
 from auditor.classify.whatif import WhatIf
 from auditor.model import CATEGORIES
 from auditor.report.explain import Explanation, duration, grouped_findings, when
-from auditor.report.render import (
-    Report,
-    estimated_note,
-    group_keys,
-    rolled_up_note,
-    util_source_note,
-)
+from auditor.report.render import Report, group_keys, held_busy, notes
 from auditor.report.svg import (
     COLOURS,
     LABELS,
@@ -47,7 +41,8 @@ h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #ddd}
 h3{font-size:15px;margin:18px 0 6px}
 .muted{color:#666}.tiles{display:flex;flex-wrap:wrap;gap:10px}
 .tile{border:1px solid #ddd;border-radius:6px;padding:8px 12px;min-width:130px}
-.tile b{display:block;font-size:20px}table{border-collapse:collapse;margin:6px 0}
+.tile b{display:block;font-size:20px}table{border-collapse:collapse;margin:6px 0;
+display:block;max-width:100%;overflow-x:auto}
 td,th{padding:3px 8px;border-bottom:1px solid #eee;text-align:left;vertical-align:top}
 th{white-space:nowrap}td.n,th.n{text-align:right}.legend{margin:6px 0}
 .key{margin-right:14px;white-space:nowrap}
@@ -92,14 +87,13 @@ def _summary(report: Report) -> str:
     tiles = [
         _tile("GPU-hours of capacity", f"{t['capacity_gpu_hours']:,.0f}"),
         _tile("GPU-hours held by pods", f"{alloc:,.0f}"),
-        _tile("busy (of held)", _share(t["busy_gpu_hours"], alloc)),
+        _tile("busy (of held)", _share(held_busy(t), alloc)),
         _tile("scheduling waste (of held)", _share(t["scheduling_waste_gpu_hours"], alloc)),
         _tile("compute idle (of held)", _share(t["compute_idle_gpu_hours"], alloc)),
         _tile("GPU-hours unallocated", f"{t['unallocated_gpu_hours']:,.0f}"),
         _tile("held time on inferred GPU→pod mapping", f"{t['inferred_share']:.0%}"),
     ]
-    notes = (rolled_up_note(report), util_source_note(report), estimated_note(report))
-    flag = "".join(f"<p class='muted'>{html_text(n)}</p>" for n in notes if n is not None)
+    flag = "".join(f"<p class='muted'>{html_text(n)}</p>" for n in notes(report))
     return f'<div class="tiles">{"".join(tiles)}</div>{flag}'
 
 
@@ -165,7 +159,7 @@ def _distribution(report: Report, card_util: Sequence[float] | None) -> str:
     more = f" ({len(rows)} biggest)" if len(report.rows) > MAX_BARS else ""
     hist = ""
     if card_util is not None and len(card_util):
-        title = f"Cards per utilisation band ({len(card_util)} held cards)"
+        title = f"Cards per utilisation band ({len(card_util)} cards held by pods)"
         hist = f"<div><h3>{title}</h3>{histogram(card_util)}</div>"
     return (
         "<h2>Per-card utilisation</h2><div style='display:flex;gap:24px;flex-wrap:wrap'>"

@@ -11,7 +11,7 @@ import csv
 import io
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +36,10 @@ class Report:
     """GPU-seconds of the window audited from 1-minute rollups rather than raw samples."""
     util_sources: Mapping[str, int] = field(default_factory=dict)
     """The metric or reader the cards' utilisation came from -> how many cards."""
+    nodes: int = 0
+    """Nodes with cards in the results."""
+    nodes_without_pods: Sequence[str] = ()
+    """Nodes whose cards no known pod held in the window (`summary.nodes_without_pods`)."""
 
 
 ROLLED_UP_FIELD = "window_rolled_up_gpu_hours"
@@ -76,6 +80,53 @@ def estimated_note(report: Report) -> str | None:
         f"{share:.0%} of held GPU-hours are on shared cards without per-pod utilisation: "
         "the card's activity was split among its tenants by share (estimated attribution)."
     )
+
+
+NODES_NAMED = 5
+"""Nodes named in the note on nodes without pods; the rest are counted."""
+
+
+def unheld_busy_note(report: Report) -> str | None:
+    """The sentence on kernel time of cards that no known pod held, or None."""
+    hours = report.totals.get("unheld_busy_gpu_hours", 0.0)
+    if hours <= 0:
+        return None
+    unit, scale = table_unit(report.totals["capacity_gpu_hours"])
+    return (
+        f"Kernels ran on cards no known pod held: {_num(hours * scale)} {unit} of busy time "
+        "belong to no pod (the platform's row). Pods are missing from the input, or work "
+        "ran outside Kubernetes."
+    )
+
+
+def missing_pods_note(report: Report) -> str | None:
+    """The sentence on nodes (or a whole window) with no pod imported, or None."""
+    missing = list(report.nodes_without_pods)
+    if not missing or report.nodes == 0:
+        return None
+    if report.totals.get("allocated_gpu_hours", 0.0) <= 0:
+        return (
+            "No pod held any card in this window: were the pods imported (`auditor import "
+            "pods`, or the watcher)? Until they are, every card's time is the platform's."
+        )
+    named = ", ".join(missing[:NODES_NAMED])
+    more = f" and {len(missing) - NODES_NAMED} more" if len(missing) > NODES_NAMED else ""
+    return (
+        f"No pod held a card on {len(missing)} of {report.nodes} nodes ({named}{more}): "
+        "were their pods imported?"
+    )
+
+
+def notes(report: Report) -> list[str]:
+    """Every sentence a report states beside its figures, in the order they are shown."""
+    found = (
+        rolled_up_note(report),
+        util_source_note(report),
+        estimated_note(report),
+        missing_pods_note(report),
+        unheld_busy_note(report),
+    )
+    return [n for n in found if n is not None]
 
 
 def _clean(value: Any) -> Any:
@@ -154,6 +205,11 @@ MINUTES_BELOW_GPU_HOURS = 10.0
 cards is a fraction of a GPU-hour, and every cell would read 0.0."""
 
 
+def held_busy(totals: Mapping[str, float]) -> float:
+    """Busy GPU-hours of held cards (the fleet's busy less that of cards no pod held)."""
+    return totals["busy_gpu_hours"] - totals.get("unheld_busy_gpu_hours", 0.0)
+
+
 def table_unit(capacity_gpu_hours: float) -> tuple[str, float]:
     """The unit a table shows (`GPU-hours` or `GPU-minutes`) and the factor from hours."""
     if capacity_gpu_hours < MINUTES_BELOW_GPU_HOURS:
@@ -173,8 +229,18 @@ def _output_cells(rec: Mapping[Any, Any], *, scale: float, cell: Any) -> list[An
     return [cell(text), _num(rec["gpu_hours_per_1k_outputs"] * scale, 3)]
 
 
-def render_table(report: Report, *, width: int = 150) -> str:
-    """A readable terminal report: totals, the grouped table, and the top offenders."""
+PROSE_WIDTH = 150
+"""Where the sentences above and below the tables wrap when no terminal width is given."""
+UNBOUNDED = 100_000
+"""The width a table is measured in when it may be as wide as its content."""
+
+
+def render_table(report: Report, *, width: int | None = None) -> str:
+    """A readable terminal report: totals, the grouped table, and the top offenders.
+
+    `width`: the terminal's columns. A name a user types back (team, job, pod, node, card)
+    is never cut: in a terminal too narrow for it, it folds onto the next line. Without a
+    width (a file, a pipe), every table is as wide as its content needs."""
     from rich.console import Console
     from rich.table import Table
     from rich.text import Text
@@ -185,7 +251,15 @@ def render_table(report: Report, *, width: int = 150) -> str:
         return Text("-" if v is None else terminal_safe(str(v)))
 
     buf = io.StringIO()
-    console = Console(file=buf, width=width, force_terminal=False, color_system=None)
+    console = Console(file=buf, width=width or PROSE_WIDTH, force_terminal=False, color_system=None)
+
+    def show(table: Table) -> None:
+        if width is None:  # as wide as the content: nothing is folded either
+            unbounded = console.options.update_width(UNBOUNDED)
+            console.width = max(PROSE_WIDTH, console.measure(table, options=unbounded).maximum)
+        console.print(table)
+        console.width = width or PROSE_WIDTH
+
     t = report.totals
     alloc = t["allocated_gpu_hours"]
     unit, scale = table_unit(t["capacity_gpu_hours"])
@@ -196,22 +270,21 @@ def render_table(report: Report, *, width: int = 150) -> str:
     )
     if alloc > 0:
         console.print(
-            f"Of held time: busy {t['busy_gpu_hours'] / alloc:.0%}, "
+            f"Of held time: busy {held_busy(t) / alloc:.0%}, "
             f"scheduling waste {t['scheduling_waste_gpu_hours'] / alloc:.0%}, "
             f"compute idle {t['compute_idle_gpu_hours'] / alloc:.0%}, "
             f"unobserved {t['unobserved_gpu_hours'] / alloc:.0%}. "
             f"Unallocated: {_num(t['unallocated_gpu_hours'] * scale)} {unit}. "
             f"{t['inferred_share']:.0%} of held GPU-hours rest on inferred GPU→pod mapping."
         )
-    for note in (rolled_up_note(report), util_source_note(report), estimated_note(report)):
-        if note is not None:
-            console.print(note)
+    for note in notes(report):
+        console.print(note)
     keys = group_keys(report.rows)
     if "util_source" in report.rows.columns:
         keys.append("util_source")  # the metric, shown short: GPU_UTIL, GR_ENGINE_ACTIVE
     table = Table(title=f"{unit} by {report.by}", title_justify="left")
-    for k in keys:
-        table.add_column("util from" if k == "util_source" else k)
+    for k in keys:  # names: folded in a narrow terminal, never cut with an ellipsis
+        table.add_column("util from" if k == "util_source" else k, overflow="fold")
     short = {
         "reserved_idle": "resv idle",
         "straggler_wait": "straggler",
@@ -252,7 +325,7 @@ def render_table(report: Report, *, width: int = 150) -> str:
             ),
             *(_output_cells(rec, scale=scale, cell=cell) if has_out else []),
         )
-    console.print(table)
+    show(table)
     if not report.offenders.empty:
         off = Table(title="Top offenders and next steps", title_justify="left")
         for col, justify in (
@@ -262,7 +335,8 @@ def render_table(report: Report, *, width: int = 150) -> str:
             ("share", "right"),
             ("next step", "left"),
         ):
-            off.add_column(col, justify=justify)  # type: ignore[arg-type]
+            fold = "fold" if col in {"category", "offender"} else "ellipsis"
+            off.add_column(col, justify=justify, overflow=fold)  # type: ignore[arg-type]
         for rec in report.offenders.to_dict("records"):
             off.add_row(
                 cell(rec["category"]),
@@ -271,5 +345,5 @@ def render_table(report: Report, *, width: int = 150) -> str:
                 _pct(rec["share_of_category"]),
                 cell(rec["next_step"]),
             )
-        console.print(off)
+        show(off)
     return safe_lines(buf.getvalue())  # the cells are escaped already: this is the guarantee

@@ -108,7 +108,13 @@ def summarise(results: pd.DataFrame, *, by: GroupBy, team: str | None = None) ->
     )
     out["capacity_gpu_hours"] = out[HOURS_COLUMNS].sum(axis=1)
     allocated = out["allocated_gpu_hours"].where(out["allocated_gpu_hours"] > 0)
-    out["busy_share"] = out["busy_gpu_hours"] / allocated
+    held_busy = (
+        frame[frame["held"] & (frame["category"] == WasteCategory.BUSY.value)]
+        .assign(h=frame["seconds"] / 3600.0)
+        .groupby(keys)["h"]
+        .sum()
+    )
+    out["busy_share"] = held_busy.reindex(out.index).fillna(0.0) / allocated
     out["scheduling_waste_share"] = out["scheduling_waste_gpu_hours"] / allocated
     out["compute_idle_share"] = out["compute_idle_gpu_hours"] / allocated
     inferred_hours = (
@@ -176,12 +182,35 @@ def _tenants(frame: pd.DataFrame, keys: list[str]) -> pd.Series:
     return per.groupby(keys)[["namespace", "pod", "share"]].apply(names)
 
 
+def held_cards_utilisation(results: pd.DataFrame) -> pd.DataFrame:
+    """Per physical card that a pod held in the window: busy share of its observed held
+    time, in percent, over all the pods that held it (one row per card, not per pod)."""
+    held = with_platform(results)
+    held = held[held["held"]]
+    observed = held[held["category"] != WasteCategory.UNOBSERVED.value]
+    seconds = observed.groupby("card")["seconds"].sum()
+    busy = observed[observed["category"] == WasteCategory.BUSY.value].groupby("card")["seconds"]
+    util = 100.0 * busy.sum().reindex(seconds.index).fillna(0.0) / seconds.where(seconds > 0)
+    return util.rename("util_pct").dropna().rename_axis("gpu").reset_index()
+
+
+def nodes_without_pods(results: pd.DataFrame) -> list[str]:
+    """Nodes whose cards no known pod held at any time of the results: their pods were
+    not imported (or nothing ran there)."""
+    if "node" not in results.columns or results.empty:
+        return []
+    held = results["pod_uid"].notna().groupby(results["node"]).any()
+    return sorted(str(n) for n in held.index[~held.to_numpy()])
+
+
 def totals(results: pd.DataFrame) -> dict[str, float]:
     """Fleet totals in GPU-hours per category, plus allocated and scheduling waste."""
     frame = with_platform(results)
     per = frame.groupby("category")["seconds"].sum() / 3600.0
     out = {f"{c}_gpu_hours": float(per.get(c.value, 0.0)) for c in CATEGORIES}
     out["allocated_gpu_hours"] = float(frame.loc[frame["held"], "seconds"].sum() / 3600.0)
+    unheld_busy = ~frame["held"] & (frame["category"] == WasteCategory.BUSY.value)
+    out["unheld_busy_gpu_hours"] = float(frame.loc[unheld_busy, "seconds"].sum() / 3600.0)
     out["scheduling_waste_gpu_hours"] = sum(out[f"{c}_gpu_hours"] for c in SCHEDULING_WASTE)
     out["capacity_gpu_hours"] = float(frame["seconds"].sum() / 3600.0)
     inferred = frame.loc[frame["held"] & frame["inferred"], "seconds"].sum() / 3600.0

@@ -149,7 +149,8 @@ def time_axis(lo_ms: int, hi_ms: int, *, width: int = 900) -> str:
     span = max(hi_ms - lo_ms, 1)
     step = next((s for s in STEPS_S if span / (s * 1000) <= 10), STEPS_S[-1]) * 1000
     first = -(-lo_ms // step) * step
-    fmt = "%m-%d" if step >= 86_400_000 else "%H:%M"
+    # a window of more than a day names the day at every tick, else ticks repeat each day
+    fmt = "%m-%d" if step >= 86_400_000 else "%m-%d %H:%M" if span > 86_400_000 else "%H:%M"
     parts = [f'<svg class="axis" width="{width}" height="18" viewBox="0 0 {width} 18">']
     for t in range(first, hi_ms + 1, step):
         x = width * (t - lo_ms) / span
