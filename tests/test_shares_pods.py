@@ -169,6 +169,12 @@ def test_the_watcher_keeps_pods_that_hold_a_share(pod: dict[str, Any], holds: bo
     assert requests_gpus(pod) is holds
 
 
+@pytest.mark.parametrize("text", ["0.5", ".5", "5e-1", "5E-1", "+0.5", " 0.50 ", "50e-2"])
+def test_a_runai_fraction_is_read_as_go_parses_a_float(text: str) -> None:
+    ask = shares.gpu_ask({}, {}, namespace="ml", annotations={"gpu-fraction": text})
+    assert ask.share == pytest.approx(0.5)
+
+
 # ------------------------------------------------------------------ hostile values
 
 HOSTILE = {

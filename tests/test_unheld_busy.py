@@ -84,3 +84,18 @@ def test_a_node_whose_pods_are_missing_is_named(tmp_path: Path, db: str) -> None
     nlp = next(r for r in json.loads(cli(db, "report", "--format", "json"))
                if r["team"] == "nlp")  # fmt: skip
     assert nlp["busy_share"] == pytest.approx(0.6)
+
+
+def test_by_gpu_shows_each_cards_own_utilisation(tmp_path: Path, db: str) -> None:
+    """One card has no spread of holders' utilisation: `--by gpu` shows the card's own."""
+    two_nodes(tmp_path, db)
+    pods = tmp_path / "pods.json"
+    pods.write_text(json.dumps(cli_import_pod("u1")))
+    cli(db, "import", "pods", str(pods))
+    cli(db, "audit", *WINDOW)
+    rows = json.loads(cli(db, "report", "--by", "gpu", "--format", "json"))
+    held = [r for r in rows if r["allocated_gpu_hours"] > 0]
+    assert [r["util_pct"] for r in held] == [pytest.approx(60.0)]
+    assert all(r["util_p10"] is None and r["util_p90"] is None for r in rows)
+    table = cli(db, "report", "--by", "gpu")
+    assert "p10/50/90" not in table

@@ -189,7 +189,9 @@ def _whole(value: float) -> int:
     return int(value)
 
 
-_FRACTION = re.compile(r"[+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)")
+_FRACTION = re.compile(r"[+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]{1,3})?")
+"""A decimal number as Go's `strconv.ParseFloat` (Run:ai's reader) takes it: `0.5`, `.5`,
+`5e-1`; no sign but `+`, no hex, no `inf`/`nan`."""
 
 
 def _fraction(annotations: Mapping[str, str], key: str, *, upto: float | None) -> float:

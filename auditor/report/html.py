@@ -19,7 +19,7 @@ import pandas as pd
 from auditor.classify.whatif import WhatIf
 from auditor.model import CATEGORIES
 from auditor.report.explain import Explanation, duration, grouped_findings, when
-from auditor.report.render import Report, group_keys, held_busy, notes
+from auditor.report.render import Report, group_keys, held_busy, notes, util_text
 from auditor.report.svg import (
     COLOURS,
     LABELS,
@@ -114,7 +114,8 @@ def _groups(report: Report) -> str:
         bars = [*bars[: MAX_BARS - 1], (f"{len(rest)} others", other)]
     head = "".join(f"<th>{html_text(k)}</th>" for k in keys)
     head += '<th class="n">held GPU-h</th><th class="n">busy</th><th class="n">sched. waste</th>'
-    head += '<th class="n">compute idle</th><th class="n">util p10/p50/p90</th>'
+    util_head = "util" if "util_pct" in report.rows.columns else "util p10/p50/p90"
+    head += f'<th class="n">compute idle</th><th class="n">{util_head}</th>'
     has_sm = "sm_active_gpu_hours" in report.rows.columns
     has_out = "outputs" in report.rows.columns
     if has_sm:
@@ -124,9 +125,7 @@ def _groups(report: Report) -> str:
         head += '<th class="n">busy GPU-h per 1k outputs</th>'
     body = []
     for r in recs:
-        util = "/".join(
-            "-" if pd.isna(r[q]) else f"{r[q]:.0f}" for q in ("util_p10", "util_p50", "util_p90")
-        )
+        util = util_text(r)
         cells = "".join(f"<td>{html_text(str(r[k]))}</td>" for k in keys)
         cells += f'<td class="n">{r["allocated_gpu_hours"]:,.1f}</td>'
         for share in ("busy_share", "scheduling_waste_share", "compute_idle_share"):

@@ -205,6 +205,16 @@ MINUTES_BELOW_GPU_HOURS = 10.0
 cards is a fraction of a GPU-hour, and every cell would read 0.0."""
 
 
+def util_text(rec: Mapping[Any, Any]) -> str:
+    """A row's utilisation cell: a card's own (`--by gpu`), else p10/p50/p90 of its cards."""
+    if "util_pct" in rec:
+        return "-" if _clean(rec["util_pct"]) is None else f"{rec['util_pct']:.0f}"
+    return "/".join(
+        "-" if _clean(rec[q]) is None else f"{rec[q]:.0f}"
+        for q in ("util_p10", "util_p50", "util_p90")
+    )
+
+
 def held_busy(totals: Mapping[str, float]) -> float:
     """Busy GPU-hours of held cards (the fleet's busy less that of cards no pod held)."""
     return totals["busy_gpu_hours"] - totals.get("unheld_busy_gpu_hours", 0.0)
@@ -296,7 +306,9 @@ def render_table(report: Report, *, width: int | None = None) -> str:
     for cat in CATEGORIES:
         table.add_column(short.get(cat.value, cat.value), justify="right")
     table.add_column("sched waste", justify="right")
-    table.add_column("util p10/50/90", justify="right")
+    table.add_column(
+        "util" if "util_pct" in report.rows.columns else "util p10/50/90", justify="right"
+    )
     has_sm = "sm_active_gpu_hours" in report.rows.columns and bool(
         (report.rows["sm_active_gpu_hours"] > 0).any()
     )
@@ -307,10 +319,7 @@ def render_table(report: Report, *, width: int | None = None) -> str:
         table.add_column("outputs", justify="right")
         table.add_column(f"{'GPU-h' if scale == 1 else 'GPU-min'}/1k out", justify="right")
     for rec in report.rows.to_dict("records"):
-        util = "/".join(
-            "-" if _clean(rec[q]) is None else f"{rec[q]:.0f}"
-            for q in ("util_p10", "util_p50", "util_p90")
-        )
+        util = util_text(rec)
         table.add_row(
             *(cell(_short_source(rec[k]) if k == "util_source" else rec[k]) for k in keys),
             _num(rec["allocated_gpu_hours"] * scale),

@@ -140,6 +140,10 @@ def summarise(results: pd.DataFrame, *, by: GroupBy, team: str | None = None) ->
     quantiles = util.groupby(keys)["util_pct"].quantile(np.array([0.1, 0.5, 0.9])).unstack()
     for q, name in ((0.1, "util_p10"), (0.5, "util_p50"), (0.9, "util_p90")):
         out[name] = quantiles[q].reindex(out.index) if q in quantiles.columns else np.nan
+    if by is GroupBy.GPU:  # one card: its utilisation, not quantiles over its holders
+        out[["util_p10", "util_p50", "util_p90"]] = np.nan
+        card = held_cards_utilisation(frame).set_index("gpu")["util_pct"]
+        out["util_pct"] = card.reindex(out.index.get_level_values("gpu")).to_numpy()
     out = out.reset_index()
     platform_last = (out[keys[0]] == PLATFORM_TEAM).astype(int)
     return (
