@@ -74,6 +74,20 @@ CASES = {
         ),
         9,
     ),
+    "MIG mixed with GFD's count: the physical cards": (
+        node(
+            {"nvidia.com/mig-1g.10gb": "3", "nvidia.com/mig-2g.20gb": "2"},
+            {"nvidia.com/mig.strategy": "mixed", "nvidia.com/gpu.count": "1"},
+        ),
+        1,
+    ),
+    "MIG single: instances as nvidia.com/gpu, GFD's count of cards": (
+        node(
+            {"nvidia.com/gpu": "14"},
+            {"nvidia.com/mig.strategy": "single", "nvidia.com/gpu.count": "2"},
+        ),
+        2,
+    ),
     "HAMi vgpu, registered cards": (
         node(
             {"nvidia.com/vgpu": "20"}, annotations={"hami.io/node-nvidia-register": HAMI_REGISTER}

@@ -4,7 +4,8 @@ The GPU model comes from the first label that names it: NVIDIA's GPU feature dis
 (`nvidia.com/gpu.product`), else the cloud providers' accelerator labels. The GPU count, in
 capacity and in allocatable, is of physical cards wherever the node says how many it has:
 Alibaba's `alibabacloud.com/gpu-count`; on a shared node (time-slicing replicas, HAMi's
-`nvidia.com/vgpu`, gpu-milli) GPU feature discovery's `nvidia.com/gpu.count` label, else
+`nvidia.com/vgpu`, gpu-milli) and on a MIG node GPU feature discovery's `nvidia.com/gpu.count`
+label, else
 the cards HAMi registers in the node annotation `hami.io/node-nvidia-register`, else
 the shared units turned back into cards (`nvidia.com/gpu` or `nvidia.com/gpu.shared` over
 `nvidia.com/gpu.replicas`, `alibabacloud.com/gpu-milli` over 1000). Otherwise it is the sum of
@@ -85,6 +86,7 @@ REPLICAS_LABEL = "nvidia.com/gpu.replicas"
 
 
 HAMI_REGISTER = "hami.io/node-nvidia-register"
+MIG_STRATEGY_LABEL = "nvidia.com/mig.strategy"
 
 
 def gpu_count(
@@ -101,7 +103,12 @@ def gpu_count(
         return units[GPU_COUNT_RESOURCE]
     replicas = _whole(labels.get(REPLICAS_LABEL, "1")) or 1
     shared = replicas > 1 or any(units.get(n) for n in (HAMI_VGPU, MILLI, "nvidia.com/gpu.shared"))
-    if shared and _whole(labels.get(GFD_COUNT_LABEL, "")):
+    # MIG: the mixed strategy lists instances as `nvidia.com/mig-*`, the single strategy as
+    # `nvidia.com/gpu`; either way GPU feature discovery's count is of physical cards
+    mig = labels.get(MIG_STRATEGY_LABEL) == "single" or any(
+        n for name, n in units.items() if name.startswith(MIG_PREFIX)
+    )
+    if (shared or mig) and _whole(labels.get(GFD_COUNT_LABEL, "")):
         return _whole(labels[GFD_COUNT_LABEL])
     cards = [d for d in registered.split(":") if d.strip().startswith("GPU-")]
     if cards and (shared or units.get("nvidia.com/gpu")):
