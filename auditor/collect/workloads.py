@@ -38,7 +38,7 @@ from typing import Any
 from auditor import limits
 from auditor.collect import shares
 from auditor.errors import PodFieldError, shown
-from auditor.model import PodRecord, WorkloadKind
+from auditor.model import PodRecord, WorkloadKind, kubeflow_replica, pod_meta
 from auditor.settings import Sharing, TeamRules
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -425,8 +425,7 @@ class PodView:
 
     def meta(self, key: str) -> str | None:
         """A label, else the annotation of the same key (controllers set both, or either)."""
-        value = self.labels.get(key) or self.annotations.get(key)
-        return value or None
+        return pod_meta(self.labels, self.annotations, key)
 
     def meta_int(self, key: str) -> int | None:
         return _as_int(self.meta(key))
@@ -567,47 +566,6 @@ def _kubeflow_training(pod: PodView) -> Workload | None:
             rank = None
     job = f"{kind}/{name}"
     return Workload(job, kind, WorkloadKind.TRAINING, _job_gang(pod, job), rank)
-
-
-def kubeflow_replica(
-    labels: Mapping[str, str], annotations: Mapping[str, str]
-) -> tuple[str, int | None]:
-    """A Kubeflow pod's replica type (lower case, "" when unknown) and replica index."""
-    view = PodView(uid="", name="", namespace="", labels=labels, annotations=annotations)
-    role = (
-        view.meta("training.kubeflow.org/replica-type")
-        or view.meta("training.kubeflow.org/job-role")
-        or view.meta("pytorch-replica-type")
-        or view.meta("replica-type")
-        or ""
-    ).lower()
-    index = (
-        view.meta_int("training.kubeflow.org/replica-index")
-        if view.meta("training.kubeflow.org/replica-index") is not None
-        else _as_int(view.meta("pytorch-replica-index") or view.meta("replica-index"))
-    )
-    return role, index
-
-
-def pytorch_worker_ranks(
-    pods: Sequence[tuple[str, int | None, Mapping[str, str], Mapping[str, str]]],
-) -> dict[str, int]:
-    """The ranks to store for the workers of one PyTorchJob, given all its stored pods as
-    (uid, rank, labels, annotations): SPEC §2.2, master 0 and workers 1..N, or workers
-    0..N-1 when the job has no master pod. Only ranks that no `RANK` value decided change:
-    unranked workers, and, once a master is seen, workers ranked as if there were none
-    (a worker's `RANK` is its index + 1 whenever the job has a master)."""
-    replicas = [(uid, rank, *kubeflow_replica(labels, ann)) for uid, rank, labels, ann in pods]
-    has_master = any(role == "master" for _, _, role, _ in replicas)
-    out: dict[str, int] = {}
-    for uid, rank, role, index in replicas:
-        if role != "worker" or index is None:
-            continue
-        if has_master and rank in (None, index):
-            out[uid] = index + 1
-        elif not has_master and rank is None:
-            out[uid] = index
-    return out
 
 
 def _volcano(pod: PodView) -> Workload | None:
