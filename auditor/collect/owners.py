@@ -153,8 +153,8 @@ def _kubeflow_training(pod: PodView) -> Workload | None:
     Rank: a PyTorchJob's is its `RANK` environment value where the operator wrote one (it
     knows whether the job has a master), else 0 for the master; a worker without one is
     left unranked here, as only the job's other pods tell whether a master exists: the store
-    settles it (`pytorch_worker_ranks`). The others' rank is the replica index (an MPIJob
-    launcher has none).
+    settles it (`auditor.model.pytorch_worker_ranks`). The others' rank is the replica index
+    (an MPIJob launcher has none).
     """
     name = pod.meta("training.kubeflow.org/job-name")
     kind: str | None = None
