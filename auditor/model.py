@@ -1,4 +1,5 @@
-"""Domain records shared by every layer: GPUs, samples, pods, and the waste categories.
+"""Domain records shared by every layer: GPUs, samples, pods, and the waste categories;
+and the rule that ranks a PyTorchJob's workers, which the readers and the store both apply.
 
 Times are integer milliseconds since the Unix epoch, UTC, everywhere inside the auditor:
 exact as natural keys, cheap to store, and the same on SQLite and PostgreSQL.
@@ -8,13 +9,14 @@ source could not read it (never 0).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import NamedTuple
 
 from auditor.errors import GpuConflictError
+from auditor.limits import in_int32
 
 
 class Window(NamedTuple):
@@ -279,3 +281,67 @@ class Written:
     unresolved: list[Holding]
     conflicts: tuple[GpuConflict, ...] = ()
     skipped_samples: int = 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Kubeflow replicas and PyTorchJob ranks (SPEC §2.2): read from a pod by the readers, and
+# settled across a job's stored pods by the store, so both find them here.
+
+
+def pod_meta(labels: Mapping[str, str], annotations: Mapping[str, str], key: str) -> str | None:
+    """A label, else the annotation of the same key (controllers set both, or either)."""
+    value = labels.get(key) or annotations.get(key)
+    return value or None
+
+
+def label_int(value: object) -> int | None:
+    """A non-negative integer label value that fits a 32-bit column, else None (labels are
+    the user's to garble: `job-completion-index: "99999999999999999999"` is a valid label)."""
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 10:
+        number = int(value)
+        return number if in_int32(number) else None
+    return None
+
+
+def kubeflow_replica(
+    labels: Mapping[str, str], annotations: Mapping[str, str]
+) -> tuple[str, int | None]:
+    """A Kubeflow pod's replica type (lower case, "" when unknown) and replica index."""
+
+    def meta(key: str) -> str | None:
+        return pod_meta(labels, annotations, key)
+
+    role = (
+        meta("training.kubeflow.org/replica-type")
+        or meta("training.kubeflow.org/job-role")
+        or meta("pytorch-replica-type")
+        or meta("replica-type")
+        or ""
+    ).lower()
+    index = (
+        label_int(meta("training.kubeflow.org/replica-index"))
+        if meta("training.kubeflow.org/replica-index") is not None
+        else label_int(meta("pytorch-replica-index") or meta("replica-index"))
+    )
+    return role, index
+
+
+def pytorch_worker_ranks(
+    pods: Sequence[tuple[str, int | None, Mapping[str, str], Mapping[str, str]]],
+) -> dict[str, int]:
+    """The ranks to store for the workers of one PyTorchJob, given all its stored pods as
+    (uid, rank, labels, annotations): SPEC §2.2, master 0 and workers 1..N, or workers
+    0..N-1 when the job has no master pod. Only ranks that no `RANK` value decided change:
+    unranked workers, and, once a master is seen, workers ranked as if there were none
+    (a worker's `RANK` is its index + 1 whenever the job has a master)."""
+    replicas = [(uid, rank, *kubeflow_replica(labels, ann)) for uid, rank, labels, ann in pods]
+    has_master = any(role == "master" for _, _, role, _ in replicas)
+    out: dict[str, int] = {}
+    for uid, rank, role, index in replicas:
+        if role != "worker" or index is None:
+            continue
+        if has_master and rank in (None, index):
+            out[uid] = index + 1
+        elif not has_master and rank is None:
+            out[uid] = index
+    return out

@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 from auditor.cli import app
 from auditor.collect import shares
 from auditor.collect.kubectl_files import read_kubectl
-from auditor.collect.workloads import pod_record
+from auditor.collect.pod_records import pod_record
 from auditor.errors import ConfigError, PodFieldError
 from auditor.jobs.watch_sinks import PodSink, requests_gpus
 from auditor.model import GpuRecord, PodRecord

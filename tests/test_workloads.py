@@ -14,7 +14,10 @@ from typing import Any
 
 import pytest
 
-from auditor.collect.workloads import PodFieldError, gpu_request, parse_time, pod_record
+from auditor.collect.gpu_requests import gpu_request
+from auditor.collect.pod_records import pod_record
+from auditor.collect.pod_times import parse_time
+from auditor.errors import PodFieldError
 from auditor.model import PodRecord, WorkloadKind
 from auditor.settings import TeamRules
 

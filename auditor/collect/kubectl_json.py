@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from auditor.collect.nodes import node_row
-from auditor.collect.workloads import pod_record
+from auditor.collect.pod_records import pod_record
 from auditor.errors import InputError, PodFieldError, shown
 from auditor.model import PodRecord
 from auditor.settings import Sharing, TeamRules

@@ -49,7 +49,7 @@ def _holder_at(holders: Sequence[Holder], ms: int) -> str | None:
 def import_outputs_csv(url: str, path: Path) -> OutputsImportStats:
     """Store an outputs CSV in one transaction. A job's row is shared among its pods in
     proportion to the time each held within the row's interval."""
-    from auditor.collect.outputs import read_outputs_csv
+    from auditor.collect.useful_output import read_outputs_csv
     from auditor.store.work_done import pods_by_name, pods_of_jobs, write_outputs
 
     started = time.perf_counter()
@@ -131,8 +131,13 @@ def import_outputs_prometheus(
     interval_s: int = 300,
 ) -> OutputsImportStats:
     """Read output counters and the latency histogram, store them per pod and interval."""
-    from auditor.collect.outputs import DEFAULT_COUNTERS, DEFAULT_LATENCY, ReadStats, read_counters
     from auditor.collect.prometheus import PrometheusClient
+    from auditor.collect.useful_output import (
+        DEFAULT_COUNTERS,
+        DEFAULT_LATENCY,
+        ReadStats,
+        read_counters,
+    )
     from auditor.store.work_done import pods_by_name, write_latency, write_outputs
 
     started = time.perf_counter()

@@ -25,10 +25,11 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from auditor.agents.watch.kube import Event
+from auditor.collect.gpu_requests import pod_gpu_ask
 from auditor.collect.nodes import node_row
+from auditor.collect.pod_records import pod_record
 from auditor.collect.selectors import matcher
 from auditor.collect.shares import hami_assignments
-from auditor.collect.workloads import pod_gpu_ask, pod_record
 from auditor.errors import InputError, StoreError, shown
 from auditor.model import PodRecord
 from auditor.settings import Sharing, TeamRules

@@ -3,7 +3,7 @@
 A PyTorchJob worker's rank is its replica index + 1 when the job has a master, else its
 index (SPEC §2.2). The operator writes it into the pod as `RANK` where it can; a worker
 without one is stored unranked and settled here from the job's pods in the store, after
-every write of pods, by `auditor.collect.workloads.pytorch_worker_ranks`. A master seen
+every write of pods, by `auditor.model.pytorch_worker_ranks`. A master seen
 later (another file, a later watch event) shifts its job's settled workers up again.
 """
 
@@ -13,6 +13,7 @@ from collections.abc import Iterable
 
 from sqlalchemy import Connection, select, update
 
+from auditor.model import pytorch_worker_ranks
 from auditor.store.schema import pods
 
 PYTORCH_JOB = "PyTorchJob"
@@ -21,8 +22,6 @@ _JOBS_PER_QUERY = 500
 
 def settle_pytorch_ranks(conn: Connection, jobs: Iterable[str]) -> int:
     """Settle the worker ranks of the PyTorchJobs named `jobs`; returns the pods changed."""
-    from auditor.collect.workloads import pytorch_worker_ranks
-
     names = sorted(set(jobs))
     changed = 0
     for i in range(0, len(names), _JOBS_PER_QUERY):

@@ -2,7 +2,7 @@
 
 Pods and nodes are read as raw JSON (`_preload_content=False`), so the rest of the auditor
 sees the API's own shape (camelCase keys, RFC 3339 times), exactly what `kubectl -o json`
-writes and `auditor.collect.workloads` reads. Client failures become two exceptions the
+writes and `auditor.collect.pod_records` reads. Client failures become two exceptions the
 watcher acts on: `Expired` (410 Gone, at connect or as an ERROR event in the stream: relist)
 and `Unavailable` (anything else: back off, then watch again from where it was).
 

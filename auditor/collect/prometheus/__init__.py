@@ -1,0 +1,220 @@
+"""dcgm-exporter metrics out of Prometheus: a small `query_range` client and the reader.
+
+Each metric is read over the window on a `step` grid (dcgm-exporter's scrape interval), in
+chunks of at most `max_points` points per series (Prometheus refuses more than 11,000), and
+the series of one GPU are joined by timestamp into `GpuSample`s.
+
+Labels are dcgm-exporter's: `UUID` (with `GPU_I_ID` for a MIG instance, which becomes the
+GPU `UUID/gi<ID>` with the card as its parent and `GPU_I_PROFILE` as its MIG profile, SPEC
+§7), `Hostname` (else `instance`) as the node,
+`gpu` as the index, `modelName`; and `namespace`, `pod` of the pod holding the card, an
+exact GPU -> pod mapping. Prometheus drops empty labels, so a series without `pod` is a
+card no pod held.
+
+Nothing from the server is trusted: each query has a deadline (to the last byte) and a size
+cap, every part of an answer's shape is checked, and every value must be one a GPU can
+report (`BOUNDS`); anything else is a one-line InputError, and the import stores nothing.
+Credentials (basic auth, also from the URL's userinfo, or a bearer token) go in a header
+that is never logged; the URL requested and printed has no userinfo.
+
+This package's entry is `read_chunk` (here); the parts are its modules: `query_plan` (the
+chunks of a window, the limits of a query), `auth` and `client` (credentials, HTTP),
+`decode` (answers into samples, values checked), `node_resolver` (which node a series
+names). Callers import every name from `auditor.collect.prometheus`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from auditor.collect.prometheus.auth import (
+    PASSWORD_ENV,
+    TOKEN_ENV,
+    Auth,
+    credentials,
+    split_userinfo,
+)
+from auditor.collect.prometheus.client import PrometheusClient
+from auditor.collect.prometheus.decode import (
+    BOUNDS,
+    COLUMNS,
+    GPU_UTIL,
+    GR_ENGINE,
+    METRICS,
+    SLOT,
+    Series,
+    gpu_record,
+    reading,
+    sample_of,
+    short,
+    spans,
+)
+from auditor.collect.prometheus.node_resolver import (
+    HOSTNAME_CAVEAT,
+    KUBE_POD_INFO,
+    NODE_LABELS,
+    NodeResolver,
+    describe_sources,
+    same_node,
+)
+from auditor.collect.prometheus.query_plan import (
+    DEADLINE_S,
+    MAX_POINTS,
+    MAX_RESPONSE_BYTES,
+    POINT_BUDGET,
+    chunks,
+    points_per_query,
+)
+from auditor.errors import InputError
+from auditor.model import GpuRecord, GpuSample, Holding
+
+__all__ = [
+    "BOUNDS",
+    "DEADLINE_S",
+    "GPU_UTIL",
+    "GR_ENGINE",
+    "HOSTNAME_CAVEAT",
+    "KUBE_POD_INFO",
+    "MAX_POINTS",
+    "MAX_RESPONSE_BYTES",
+    "METRICS",
+    "NODE_LABELS",
+    "PASSWORD_ENV",
+    "POINT_BUDGET",
+    "TOKEN_ENV",
+    "Auth",
+    "ChunkResult",
+    "NodeResolver",
+    "PrometheusClient",
+    "Series",
+    "chunks",
+    "credentials",
+    "describe_sources",
+    "points_per_query",
+    "read_chunk",
+    "spans",
+    "split_userinfo",
+]
+
+
+@dataclass
+class ChunkResult:
+    """What one chunk of the window held."""
+
+    gpus: dict[str, GpuRecord] = field(default_factory=dict)
+    samples: list[GpuSample] = field(default_factory=list)
+    holdings: list[Holding] = field(default_factory=list)
+    node_sources: dict[str, str] = field(default_factory=dict)
+    """GPU UUID -> where its node came from: `label NAME`, `kube_pod_info`, `Hostname`,
+    `instance`."""
+
+
+def read_chunk(
+    client: PrometheusClient,
+    *,
+    first_ms: int,
+    last_ms: int,
+    step_ms: int,
+    resolver: NodeResolver | None = None,
+) -> ChunkResult:
+    """Every dcgm-exporter metric over one chunk, joined per GPU and timestamp (one row of
+    slots per GPU and time, filled metric by metric: a chunk's memory is its samples).
+
+    The node of each GPU comes from `resolver` (a new one with the default labels unless
+    given; pass one across chunks to keep what it learnt). A GPU whose series name two
+    nodes is refused, as the store refuses a card moved to another node."""
+    resolver = resolver or NodeResolver()
+    rows: dict[str, dict[int, list[float | None]]] = {}
+    held: dict[tuple[str, int], tuple[str, str]] = {}
+    out = ChunkResult()
+    width = len(COLUMNS)
+    # (UUID, Hostname or instance, which) of series no node label names -> first, last ms
+    unnamed: dict[tuple[str, str, str], tuple[int, int]] = {}
+    named: dict[str, tuple[str, str]] = {}  # UUID -> (node, source), first series that said
+    for metric, column in METRICS.items():
+        series = client.query_range(
+            # each grid point takes the one sample scraped in the step before it: no value
+            # repeated from the 5-minute lookback where a series ended (a pod released the
+            # card) without a staleness marker, as in backfilled or federated data
+            f"last_over_time({metric}[{max(step_ms - 1, 1)}ms])",
+            start_s=first_ms / 1000,
+            end_s=last_ms / 1000,
+            step_s=step_ms / 1000,
+        )
+        slot = SLOT[column]
+        low, high = BOUNDS.get(column, (0.0, 0.0))  # throttle reasons: always checked in full
+        for labels, points in series:
+            uuid_label = labels.get("UUID")
+            host = labels.get("Hostname") or labels.get("instance")
+            if not uuid_label or not host or not points:
+                continue
+            gpu = gpu_record(labels, host)
+            uuid = gpu.uuid
+            labelled = resolver.node_label(labels)
+            if labelled is not None:
+                same_node(named, uuid, labelled)
+                out.gpus.setdefault(uuid, replace(gpu, node=labelled[0]))
+            else:
+                key = (uuid, host, "Hostname" if labels.get("Hostname") else "instance")
+                lo, hi = round(points[0][0] * 1000), round(points[-1][0] * 1000)
+                seen = unnamed.get(key)
+                unnamed[key] = (lo, hi) if seen is None else (min(lo, seen[0]), max(hi, seen[1]))
+                out.gpus.setdefault(uuid, gpu)
+            times = rows.setdefault(uuid, {})
+            pod, namespace = labels.get("pod"), labels.get("namespace")
+            holder = (namespace, pod) if pod and namespace else None
+            for ts, text in points:
+                ms = round(ts * 1000)
+                row = times.get(ms)
+                if row is None:
+                    row = times[ms] = [None] * width
+                try:
+                    value: float | None = float(text)
+                except ValueError:
+                    value = None
+                if value is None or not low <= value <= high:  # NaN, too: not read, or bad
+                    value = reading(text, metric=metric, column=column, labels=labels, ts=ts)
+                row[slot] = value
+                if holder is not None:
+                    held[(uuid, ms)] = holder
+    hosts = {h for _, h, which in unnamed if which == "Hostname"}
+    if hosts:
+        resolver.learn(client, hosts, first_ms=first_ms, last_ms=last_ms, step_ms=step_ms)
+    for (uuid, host, which), (lo, hi) in unnamed.items():
+        if which == "instance":
+            same_node(named, uuid, (host, which))
+            continue
+        nodes = {resolver.pod_node(host, lo), resolver.pod_node(host, hi)}
+        if None in nodes:
+            same_node(named, uuid, (host, "Hostname"))
+        elif len(nodes) > 1:
+            raise InputError(
+                f"exporter pod {short(host)} of GPU {short(uuid)} ran on nodes "
+                f"{' and '.join(sorted(map(short, nodes)))} in this window per "
+                f"{KUBE_POD_INFO}: name the node label with --node-label",
+                field="--url",
+            )
+        else:
+            same_node(named, uuid, (nodes.pop() or host, KUBE_POD_INFO + " (exporter pods)"))
+    for uuid in sorted(rows):
+        times = rows.pop(uuid)
+        node, source = named[uuid]
+        gpu = replace(out.gpus[uuid], node=node)
+        out.node_sources[uuid] = source
+        from_util = from_engine = 0
+        for ms in sorted(times):
+            sample, engine = sample_of(uuid, ms, times.pop(ms))
+            out.samples.append(sample)
+            if sample.util is not None:
+                from_engine += engine
+                from_util += not engine
+            if sample.memory_total_mib is not None and gpu.memory_total_mib is None:
+                gpu = replace(gpu, memory_total_mib=sample.memory_total_mib)
+        if from_util or from_engine:
+            gpu = replace(gpu, util_source=GR_ENGINE if from_engine > from_util else GPU_UTIL)
+        out.gpus[uuid] = gpu
+    for gpu in list(out.gpus.values()):  # a MIG instance's physical card: its uncarved slices
+        if gpu.parent_uuid is not None and gpu.parent_uuid not in out.gpus:
+            out.gpus[gpu.parent_uuid] = GpuRecord(gpu.parent_uuid, gpu.node, None, gpu.model)
+    out.holdings = spans(held, step_ms=step_ms)
+    return out

@@ -1,0 +1,221 @@
+"""dcgm-exporter series out of a Prometheus answer, into GPUs, samples and holdings.
+
+The answer's envelope and each series are checked for shape as they are reached (`matrix`;
+the JSON of a series is freed once read), and every value must be one a GPU can report
+(`BOUNDS`, `reading`); anything else is a one-line InputError, and the import stores
+nothing. `METRICS` names the series read and the `GpuSample` field each fills: one row of
+`COLUMNS` per GPU and time, made a sample by `sample_of`.
+
+Labels are dcgm-exporter's: `UUID` (with `GPU_I_ID` for a MIG instance, which becomes the
+GPU `UUID/gi<ID>` with the card as its parent and `GPU_I_PROFILE` as its MIG profile, SPEC
+§7), `gpu` as the index, `modelName`; and `namespace`, `pod` of the pod holding the card,
+an exact GPU -> pod mapping, made holdings by `spans`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from auditor import limits
+from auditor.errors import InputError
+from auditor.model import GpuRecord, GpuSample, Holding
+from auditor.redact import redact
+
+METRICS: Mapping[str, str] = {
+    "DCGM_FI_DEV_GPU_UTIL": "util",
+    "DCGM_FI_DEV_FB_USED": "memory_used_mib",
+    "DCGM_FI_DEV_FB_FREE": "memory_free_mib",
+    "DCGM_FI_DEV_POWER_USAGE": "power_w",
+    "DCGM_FI_DEV_SM_CLOCK": "sm_clock_mhz",
+    "DCGM_FI_DEV_GPU_TEMP": "temperature_c",
+    "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": "throttle_reasons",
+    "DCGM_FI_PROF_SM_ACTIVE": "sm_active",
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": "tensor_active",
+    "DCGM_FI_PROF_DRAM_ACTIVE": "dram_active",
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": "gr_engine_active",
+}
+"""dcgm-exporter metric -> GpuSample field (FB_FREE only completes the memory total;
+GR_ENGINE_ACTIVE x 100 is the utilisation where GPU_UTIL is absent)."""
+
+GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"
+GR_ENGINE = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
+"""A MIG instance exports no GPU_UTIL; its graphics-engine activity (0-1) stands in for it."""
+
+BOUNDS: Mapping[str, tuple[float, float]] = {
+    "util": (0.0, 100.0),
+    "memory_used_mib": (0.0, 1e7),
+    "memory_free_mib": (0.0, 1e7),
+    "power_w": (0.0, 1e5),
+    "sm_clock_mhz": (0.0, 1e5),
+    "temperature_c": (0.0, 200.0),
+    "sm_active": (0.0, 1.0),
+    "tensor_active": (0.0, 1.0),
+    "dram_active": (0.0, 1.0),
+    "gr_engine_active": (0.0, 1.0),
+}
+"""The values a GPU can report, inclusive; anything else refuses the import, as a CSV cell
+out of range does (throttle reasons: an integer bitmask below 2**64)."""
+
+
+def short(value: object, limit: int = 60) -> str:
+    """`value` as a string (`repr` unless it is one), redacted, cut to `limit` characters."""
+    text = redact(value if isinstance(value, str) else repr(value))
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def shape(query: str, what: str) -> InputError:
+    return InputError(f"Prometheus answered {short(query)} oddly: {what}", field="--url")
+
+
+Series = tuple[dict[str, str], list[list[Any]]]
+"""A series' labels and its [timestamp, "value"] points, shapes checked."""
+
+
+def matrix(answer: Mapping[str, Any], query: str) -> Iterator[Series]:
+    """The series of a `query_range` answer, every part's shape checked (the envelope at
+    once, each series as it is reached)."""
+    data = answer.get("data")
+    if not isinstance(data, dict):
+        raise shape(query, "no 'data' object")
+    if data.get("resultType") != "matrix":
+        kind = data.get("resultType")
+        raise shape(query, f"resultType {short(repr(kind))}, not 'matrix'")
+    result = data.get("result")
+    if not isinstance(result, list):
+        raise shape(query, "'result' is not a list")
+    return _series(result, query)
+
+
+def _series(result: list[Any], query: str) -> Iterator[Series]:
+    for i, item in enumerate(result):
+        result[i] = None  # free the JSON of each series once read
+        if not isinstance(item, dict):
+            raise shape(query, f"a series is {short(item)}, not an object")
+        labels = item.get("metric", {})
+        if not isinstance(labels, dict) or not all(isinstance(v, str) for v in labels.values()):
+            raise shape(query, f"labels {short(labels)} are not an object of strings")
+        values = item.get("values", [])
+        if not isinstance(values, list):
+            raise shape(query, f"values {short(values)} are not a list")
+        for pair in values:
+            if not (
+                type(pair) is list
+                and len(pair) == 2
+                and type(pair[1]) is str
+                and (type(pair[0]) is int or (type(pair[0]) is float and math.isfinite(pair[0])))
+            ):
+                raise shape(query, f'a point {short(pair)} is not [timestamp, "value"]')
+        del item
+        yield labels, values
+
+
+def gpu_record(labels: Mapping[str, str], node: str) -> GpuRecord:
+    uuid = labels["UUID"]
+    index = labels.get("gpu")
+    instance = labels.get("GPU_I_ID")
+    if instance:
+        profile = labels.get("GPU_I_PROFILE")
+        return GpuRecord(
+            f"{uuid}/gi{instance}",
+            node,
+            None,
+            labels.get("modelName"),
+            None,
+            uuid,
+            mig_profile=profile if profile and len(profile) <= limits.SHARE_TEXT_MAX else None,
+        )
+    return GpuRecord(
+        uuid,
+        node,
+        int(index) if index and index.isascii() and index.isdigit() else None,
+        labels.get("modelName"),
+    )
+
+
+def _series_name(labels: Mapping[str, str]) -> str:
+    parts = (
+        labels.get("UUID"),
+        labels.get("gpu"),
+        labels.get("Hostname") or labels.get("instance"),
+    )
+    return short("/".join(p if p is not None else "?" for p in parts), 80)
+
+
+def reading(
+    text: str, *, metric: str, column: str, labels: Mapping[str, str], ts: float
+) -> float | None:
+    """The reading `text` as stored: None for NaN (not read); a value no GPU can report is
+    an InputError naming the metric, the series, the time and the value."""
+    try:
+        value = float(text)
+    except ValueError:
+        value, problem = math.inf, "not a number"
+    else:
+        if math.isnan(value):
+            return None
+        problem = _out_of_bounds(column, value)
+    if problem:
+        at = datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        raise InputError(
+            f"{metric} of {_series_name(labels)} at {at}: {short(repr(text))} is {problem}",
+            field="--url",
+        )
+    return value
+
+
+def _out_of_bounds(column: str, value: float) -> str:
+    if column == "throttle_reasons":
+        if math.isfinite(value) and value.is_integer() and 0 <= value < 2**64:
+            return ""
+        return "not a bitmask (an integer 0 <= n < 2**64)"
+    low, high = BOUNDS[column]
+    return "" if math.isfinite(value) and low <= value <= high else f"outside {low:g}..{high:g}"
+
+
+COLUMNS = tuple(dict.fromkeys(METRICS.values()))
+SLOT = {c: i for i, c in enumerate(COLUMNS)}
+
+
+def sample_of(uuid: str, ms: int, row: list[float | None]) -> tuple[GpuSample, bool]:
+    """The sample of one row, and whether its utilisation is GR_ENGINE_ACTIVE x 100 (no
+    GPU_UTIL at that time)."""
+    v = dict(zip(COLUMNS, row, strict=True))
+    used, free = v["memory_used_mib"], v["memory_free_mib"]
+    throttle = v["throttle_reasons"]
+    util, engine = v["util"], v["gr_engine_active"]
+    from_engine = util is None and engine is not None
+    if engine is not None and util is None:
+        util = round(engine * 100.0, 6)  # 0.07 x 100 is 7.000000000000001
+    sample = GpuSample(
+        uuid,
+        ms,
+        util,
+        used,
+        used + free if used is not None and free is not None else None,
+        v["power_w"],
+        v["sm_clock_mhz"],
+        None if throttle is None else f"0x{int(throttle):016x}",
+        v["temperature_c"],
+        v["sm_active"],
+        v["tensor_active"],
+        v["dram_active"],
+    )
+    return sample, from_engine
+
+
+def spans(held: Mapping[tuple[str, int], tuple[str, str]], *, step_ms: int) -> list[Holding]:
+    """Consecutive grid points of one GPU held by one pod, as one holding each."""
+    result: list[Holding] = []
+    current: dict[str, Holding] = {}
+    for (uuid, ts), (namespace, pod) in sorted(held.items()):
+        h = current.get(uuid)
+        if h is not None and (h.namespace, h.pod) == (namespace, pod) and ts - h.last_ms <= step_ms:
+            current[uuid] = Holding(namespace, pod, uuid, h.first_ms, ts)
+            continue
+        if h is not None:
+            result.append(h)
+        current[uuid] = Holding(namespace, pod, uuid, ts, ts)
+    return result + list(current.values())
