@@ -128,6 +128,11 @@ CASES = {
         [],
         {("g1", None, "busy"): 22, ("g1", None, "unallocated"): 38},
     ),
+    "a pod on a card no sample names: its tenure unobserved, the sampled card untouched": Case(
+        [card("g1", [0] * 6)],
+        [held("g9", "p1", 10, 40)],
+        {("g1", None, "unallocated"): 60, ("g9", "p1", "unobserved"): 30},
+    ),
     "unheld and never active: all unallocated": Case(
         [card("g1", [0] * 6)], [], {("g1", None, "unallocated"): 60}
     ),

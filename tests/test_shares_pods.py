@@ -455,3 +455,35 @@ def test_the_real_openb_pods_hold_what_the_trace_says() -> None:
     assert math.isclose(asked, trace, rel_tol=1e-12)
     fractional = [r for r in held if r.gpu_share is not None and r.gpu_share < 1]
     assert len(fractional) == sum(1 for r in gpu_rows if int(r["gpu_milli"]) < 1000)
+
+
+def test_a_hami_pod_on_a_card_the_log_names_otherwise_is_unobserved_and_named(
+    db: str, tmp_path: Path
+) -> None:
+    """HAMi names the card by UUID, the nvidia-smi log (no uuid column) by NODE/pci.bus_id:
+    the pods still appear, their held time unobserved, and the report names the card."""
+    lines = ["timestamp, index, pci.bus_id, utilization.gpu [%], memory.used [MiB]"]
+    for i in range(120):  # 08:10 to 08:20, every 5 s
+        minute, second = divmod(5 * i, 60)
+        lines.append(
+            f"2026/11/23 08:{10 + minute:02d}:{second:02d}.000, 0, 00000000:3B:00.0, 50 %, 900 MiB"
+        )
+    log = tmp_path / "gpu-hami-1.csv"
+    log.write_text("\n".join(lines) + "\n")
+    for args in (
+        ["import", "nvidia-smi", str(log), "--node", "gpu-hami-1"],
+        ["import", "pods", str(FIXTURES / "hami.json")],
+        ["audit", "--start", "2026-11-23T08:10:00", "--end", "2026-11-23T08:20:00"],
+    ):
+        code, out = invoke(db, *args)
+        assert code == 0, out
+    code, out = invoke(db, "report", "--by", "pod", "--format", "json")
+    assert code == 0, out
+    rows = {r["pod"]: r for r in json.loads(out)}
+    # hami-cores-0 asks 30 % of the card: 10 minutes x 0.3, all of it unobserved
+    assert rows["hami-cores-0"]["unobserved_gpu_hours"] == pytest.approx(3 / 60, abs=1e-6)
+    assert rows["hami-cores-0"]["allocated_gpu_hours"] == pytest.approx(3 / 60, abs=1e-6)
+    # the sampled card is nobody's: half busy (of the platform), half free
+    assert rows["(platform)"]["busy_gpu_hours"] == pytest.approx(5 / 60, abs=1e-6)
+    code, table = invoke(db, "report")
+    assert f"that pods held ({CARD}" in table.replace("\n", " ")

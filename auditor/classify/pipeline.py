@@ -18,7 +18,9 @@ Pipeline, each step a vectorised pass over flat arrays (loops only per GPU, gang
    `compute_idle`. An active row whose gang's busiest other card is more than
    `straggler_tolerance_pct` busier → `(u_max − u)/100` of it `straggler_wait`,
    `(100 − u_max)/100` `compute_idle`; other active rows → `(100 − u)/100` `compute_idle`.
-7. Everything is classified over the whole input, then clipped to the window
+7. Tenures on cards that no sample names are `unobserved` of their pods
+   (`unsampled.unsampled_results`): the pod held a card nobody measured.
+8. Everything is classified over the whole input, then clipped to the window
    (`pieces.Pieces.window_ms`) and summed; findings come from the same clipped pieces.
    On request (`keep_pieces`) the clipped pieces themselves come back too, one row per
    piece and category (`pieces.piece_frame`): what `auditor explain` draws over time.
@@ -52,13 +54,13 @@ from auditor.classify.pieces import (
     Pieces,
     Plain,
     empty_piece_frame,
-    empty_results,
     piece_frame,
     sum_results,
 )
 from auditor.classify.runs import RunDecision, classify_runs
 from auditor.classify.shares import Scale, expand, on_physical_cards
 from auditor.classify.timeline import Segments, TenureTable, cut_segments, normalise_tenures
+from auditor.classify.unsampled import unsampled_results
 from auditor.model import Window
 from auditor.settings import Thresholds
 
@@ -218,10 +220,13 @@ def classify(
     test hook: one tenant of share 1 must come out as the exclusive path does).
     `keep_pieces`: also return the classified pieces over time (`Classification.pieces`).
     """
+    unsampled = unsampled_results(
+        tenures, sampled=set(samples["gpu"].dropna().astype(str)), window=window
+    )
     st = load_samples(samples, thresholds=thresholds)
     if st.ts.size == 0:
         return Classification(
-            results=empty_results(),
+            results=unsampled,
             findings=empty_findings(),
             pieces=empty_piece_frame() if keep_pieces else None,
         )
@@ -344,4 +349,9 @@ def classify(
         results, findings = on_physical_cards(results, findings, shared)
         if kept is not None and shared.physical:
             kept = kept.assign(gpu=kept["gpu"].map(lambda g: shared.physical.get(g, g)))
+    if not unsampled.empty:
+        results = pd.concat([results, unsampled], ignore_index=True).sort_values(
+            ["gpu", "pod_uid"], na_position="first", kind="stable"
+        )
+        results = results.reset_index(drop=True)
     return Classification(results=results, findings=findings, pieces=kept)

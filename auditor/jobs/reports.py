@@ -86,6 +86,7 @@ def _read_report(
         nodes_without_pods,
         summarise,
         totals,
+        unjoined_cards,
     )
     from auditor.store import reads
     from auditor.store.rollup import runs_rolled_up_seconds
@@ -144,6 +145,7 @@ def _read_report(
         util_sources={str(k): int(v) for k, v in cards.value_counts().items()},
         nodes=int(scope["node"].nunique()),
         nodes_without_pods=nodes_without_pods(scope),
+        unjoined_cards=unjoined_cards(scope),
     )
     return report, scope
 

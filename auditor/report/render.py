@@ -40,6 +40,8 @@ class Report:
     """Nodes with cards in the results."""
     nodes_without_pods: Sequence[str] = ()
     """Nodes whose cards no known pod held in the window (`summary.nodes_without_pods`)."""
+    unjoined_cards: Sequence[str] = ()
+    """Cards pods held that no sample names (`summary.unjoined_cards`)."""
 
 
 ROLLED_UP_FIELD = "window_rolled_up_gpu_hours"
@@ -117,6 +119,21 @@ def missing_pods_note(report: Report) -> str | None:
     )
 
 
+def unjoined_note(report: Report) -> str | None:
+    """The sentence naming cards that pods held but no sample names, or None."""
+    cards = list(report.unjoined_cards)
+    if not cards:
+        return None
+    named = ", ".join(cards[:NODES_NAMED])
+    more = f" and {len(cards) - NODES_NAMED} more" if len(cards) > NODES_NAMED else ""
+    return (
+        f"No sample in this window names {len(cards)} card{'' if len(cards) == 1 else 's'} "
+        f"that pods held ({named}{more}): their held time is unobserved. If the GPU log "
+        "names cards by PCI bus id or index, add the uuid column (nvidia-smi "
+        "--query-gpu=...,uuid,...)."
+    )
+
+
 def notes(report: Report) -> list[str]:
     """Every sentence a report states beside its figures, in the order they are shown."""
     found = (
@@ -125,6 +142,7 @@ def notes(report: Report) -> list[str]:
         estimated_note(report),
         missing_pods_note(report),
         unheld_busy_note(report),
+        unjoined_note(report),
     )
     return [n for n in found if n is not None]
 

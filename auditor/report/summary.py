@@ -198,6 +198,20 @@ def held_cards_utilisation(results: pd.DataFrame) -> pd.DataFrame:
     return util.rename("util_pct").dropna().rename_axis("gpu").reset_index()
 
 
+def unjoined_cards(results: pd.DataFrame) -> list[str]:
+    """Cards that pods held but no sample names: every second of theirs is `unobserved`
+    of a pod (the classifier's `unsampled` rows). Usually the samples name the cards
+    otherwise (a log without a `uuid` column names them NODE/pci.bus_id)."""
+    if results.empty:
+        return []
+    held = results["pod_uid"].notna()
+    only = results.groupby("gpu")["category"].agg(
+        lambda c: set(c) == {WasteCategory.UNOBSERVED.value}
+    )
+    named = set(results.loc[held, "gpu"].astype(str))
+    return sorted(str(g) for g in only.index[only.to_numpy()] if str(g) in named)
+
+
 def nodes_without_pods(results: pd.DataFrame) -> list[str]:
     """Nodes whose cards no known pod held at any time of the results: their pods were
     not imported (or nothing ran there)."""

@@ -1,0 +1,64 @@
+"""Tenures on cards that no sample names: the pod held a card, nothing was measured.
+
+A pod's exact mapping can name a card that the samples never name: HAMi's annotation and
+pod-resources give UUIDs while a GPU log without a `uuid` column names its cards
+`NODE/pci.bus_id`; a sampler that never ran on the node leaves no sample at all. The
+classifier's capacity runs from a card's first to its last sample, so such a tenure would
+vanish: no held time, no `unobserved`, no word. The pod held the card all the same: its
+tenure, clipped to the window, is `unobserved` of the pod (its share's worth of a shared
+card: an unknown share counts whole), and the card is named in the results so a report can
+say which cards could not be joined to samples.
+
+Pure: tenures and the sampled GPUs in, result rows out, in `pieces.empty_results`' columns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+import numpy as np
+import pandas as pd
+
+from auditor.classify.pieces import empty_results
+from auditor.model import WasteCategory, Window
+
+
+def unsampled_results(
+    tenures: pd.DataFrame, *, sampled: Collection[str], window: Window
+) -> pd.DataFrame:
+    """`unobserved` seconds of each (card, pod) whose card has no sample at all."""
+    if tenures.empty:
+        return empty_results()
+    gpu = tenures["gpu"].astype(object)
+    keep = gpu.notna() & tenures["pod_uid"].notna() & ~gpu.isin(list(sampled))
+    held = tenures[keep]
+    if held.empty:
+        return empty_results()
+    start = np.maximum(held["start_ms"].to_numpy(dtype=np.float64), window.start_ms)
+    end = np.minimum(held["end_ms"].to_numpy(dtype=np.float64), window.end_ms)
+    share = (
+        held["share"].to_numpy(dtype=np.float64, na_value=np.nan)
+        if "share" in held.columns
+        else np.ones(len(held))
+    )
+    seconds = np.maximum(end - start, 0.0) / 1000.0 * np.where(np.isnan(share), 1.0, share)
+    frame = pd.DataFrame(
+        {
+            "gpu": held["gpu"].astype(object).to_numpy(),
+            "pod_uid": held["pod_uid"].astype(object).to_numpy(),
+            "seconds": seconds,
+        }
+    )
+    frame = frame[frame["seconds"] > 0]
+    if frame.empty:
+        return empty_results()
+    out = frame.groupby(["gpu", "pod_uid"], sort=True, as_index=False)["seconds"].sum()
+    return pd.DataFrame(
+        {
+            "gpu": out["gpu"].astype(object),
+            "pod_uid": out["pod_uid"].astype(object),
+            "category": WasteCategory.UNOBSERVED.value,
+            "seconds": out["seconds"].astype(np.float64),
+            "estimated": False,
+        }
+    )[list(empty_results().columns)]
