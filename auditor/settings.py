@@ -110,6 +110,26 @@ class Thresholds:
 
 
 @dataclass(frozen=True, slots=True)
+class CauseThresholds:
+    """The knobs of the causes inside `compute_idle` and `unallocated` (SPEC §10)."""
+
+    cpu_limit_ratio: float = 0.9
+    """`input_bound` when the pod used at least this share of its CPU limit."""
+    throttled_ratio: float = 0.25
+    """`input_bound` when the pod was CFS-throttled in at least this share of periods."""
+    pressure_ratio: float = 0.2
+    """`input_bound` when the pod's CPU or I/O pressure (PSI `some`) is at least this."""
+    pcie_ratio: float = 0.3
+    """`host_transfer` when PCIe traffic is at least this share of the link's bandwidth."""
+    pcie_default_bytes_s: float = 8e9
+    """The link's bandwidth where its generation and width are unknown (bytes/s)."""
+    comm_bytes_s: float = 1e9
+    """`communication` when a gang card's NVLink or its pod's network traffic is this much."""
+    signal_stale_s: float = 180.0
+    """A signal row stands for the time after it for at most this long."""
+
+
+@dataclass(frozen=True, slots=True)
 class TeamRules:
     """How a pod's team is found (SPEC §2.2): label, else annotation, else namespace."""
 

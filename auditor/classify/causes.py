@@ -1,0 +1,322 @@
+"""Why a held card idles, and why a free card sits free (SPEC §10): causes inside
+`compute_idle` and inside `unallocated`, from infrastructure signals. Pure: frames in,
+frames out, no I/O and no clock.
+
+Each cause is a part of its category: a piece of classified time (`pieces.piece_frame`, one
+row per sampled interval and category) goes whole to one cause of `compute_idle`, and the
+free card-seconds of an `unallocated` piece are split between the causes of `unallocated`
+in proportion to time. So the causes of a category sum to it exactly per card, pod, job,
+team and window, and the categories themselves are untouched.
+
+**`compute_idle`**, per piece, from the holding pod's and the card's signals at the piece's
+midpoint (the latest signal row at or before it, if no older than `signal_stale_s`); the
+first rule that holds wins:
+
+1. `input_bound`: CPU used ≥ `cpu_limit_ratio` of the pod's CPU limit, or CFS-throttled in
+   ≥ `throttled_ratio` of periods, or CPU or I/O pressure (PSI `some`) ≥ `pressure_ratio`;
+2. `host_transfer`: PCIe traffic ≥ `pcie_ratio` of the link's bandwidth
+   (`pcie_default_bytes_s` where the link is unknown);
+3. `communication`: the pod's gang holds more than one card and the card's NVLink traffic,
+   or the pod's network traffic, is ≥ `comm_bytes_s`;
+4. `batching`: a serving pod had requests running or waiting;
+5. `low_demand`: a serving pod had none running and none waiting;
+6. `unexplained`: none of these (a signal that was not recorded never holds).
+
+**`unallocated`**, per free card-second, from nodes' state and the demand that waited:
+
+1. `unavailable`: the card's node could not give it (cordoned, not Ready, or fewer cards
+   allocatable than it has) — the part of the piece inside such a stretch;
+2. `blocked`: GPU pods waited unscheduled for this kind of card (or any card) while it sat
+   free: at each instant at most the cards they asked for, shared among the free available
+   cards of that kind in proportion to their free share (demand for any card is shared
+   among the kinds in proportion to their free cards);
+3. `no_demand`: the rest.
+
+Frames (every time in epoch ms; a missing signal is NaN, never 0):
+- pieces: gpu, pod_uid (None: no pod), start_ms, end_ms, category, seconds.
+- pod signals: pod_uid, ts_ms and any of `POD_SIGNALS`.
+- card signals: gpu, ts_ms and any of `CARD_SIGNALS`.
+- node states: node, start_ms, end_ms (stretches in which the node's cards are unavailable).
+- demand: kind (None: any card), start_ms, end_ms, cards (asked by pods that waited).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from enum import StrEnum
+
+import numpy as np
+import pandas as pd
+
+from auditor.model import WasteCategory
+from auditor.settings import CauseThresholds
+
+
+class IdleCause(StrEnum):
+    """Causes of `compute_idle`, in the order the rules are tried."""
+
+    INPUT_BOUND = "input_bound"
+    HOST_TRANSFER = "host_transfer"
+    COMMUNICATION = "communication"
+    BATCHING = "batching"
+    LOW_DEMAND = "low_demand"
+    UNEXPLAINED = "unexplained"
+
+
+class FreeCause(StrEnum):
+    """Causes of `unallocated`."""
+
+    UNAVAILABLE = "unavailable"
+    BLOCKED = "blocked"
+    NO_DEMAND = "no_demand"
+
+
+POD_SIGNALS = (
+    "cpu_limit_ratio",
+    "throttled_ratio",
+    "cpu_pressure",
+    "io_pressure",
+    "net_bytes_s",
+    "requests_running",
+    "requests_waiting",
+)
+"""Per pod: CPU used / CPU limit, throttled periods / periods, PSI `some` shares (0-1),
+network bytes per second (in + out), serving requests running and waiting."""
+CARD_SIGNALS = ("pcie_bytes_s", "pcie_link_bytes_s", "nvlink_bytes_s")
+"""Per card: PCIe bytes per second (rx + tx), the link's bandwidth, NVLink bytes per second."""
+
+SIGNAL_OF = {
+    "cpu_limit": "cpu_limit_ratio",
+    "cpu_throttled": "throttled_ratio",
+    "cpu_pressure": "cpu_pressure",
+    "io_pressure": "io_pressure",
+    "pcie": "pcie_bytes_s",
+    "nvlink": "nvlink_bytes_s",
+    "network": "net_bytes_s",
+    "serving_queue": "requests_running",
+    "serving_idle": "requests_running",
+}
+"""The signal that decided a piece (`deciding` column) -> the column it was read from."""
+
+IDLE_COLUMNS = ["gpu", "pod_uid", "cause", "deciding", "seconds", "signalled"]
+FREE_COLUMNS = ["gpu", "cause", "seconds"]
+
+
+def _at(
+    pieces: pd.DataFrame,
+    signals: pd.DataFrame | None,
+    *,
+    key: str,
+    columns: tuple[str, ...],
+    stale_ms: int,
+) -> pd.DataFrame:
+    """Each signal column's value at each piece's midpoint (NaN where none is recent)."""
+    out = pd.DataFrame(index=pieces.index, columns=list(columns), dtype=np.float64)
+    if signals is None or signals.empty:
+        return out
+    have = [c for c in columns if c in signals.columns]
+    if not have:
+        return out
+    right = signals[[key, "ts_ms", *have]].dropna(subset=[key, "ts_ms"])
+    right = right.assign(
+        _key=right[key].astype(str), _t=right["ts_ms"].astype(np.int64)
+    ).sort_values("_t", kind="stable")
+    mid = (pieces["start_ms"].to_numpy(np.int64) + pieces["end_ms"].to_numpy(np.int64)) // 2
+    left = pd.DataFrame({"_key": pieces[key].astype(str).to_numpy(), "_t": mid, "_i": pieces.index})
+    joined = pd.merge_asof(
+        left.sort_values("_t", kind="stable"),
+        right[["_key", "_t", *have]],
+        on="_t",
+        by="_key",
+        direction="backward",
+        tolerance=stale_ms,
+    ).set_index("_i")
+    for c in have:
+        out[c] = joined[c].astype(np.float64).reindex(pieces.index)
+    return out
+
+
+def split_compute_idle(
+    pieces: pd.DataFrame,
+    *,
+    pod_signals: pd.DataFrame | None,
+    card_signals: pd.DataFrame | None,
+    multi_card_pods: Collection[str],
+    thresholds: CauseThresholds,
+) -> pd.DataFrame:
+    """One row per `compute_idle` piece: its cause, the signal that decided it (`""` for
+    `unexplained`), its seconds, and whether any signal was recorded for it at all."""
+    idle = pieces[
+        (pieces["category"] == WasteCategory.COMPUTE_IDLE.value) & pieces["pod_uid"].notna()
+    ]
+    if idle.empty:
+        return pd.DataFrame({c: pd.Series(dtype=object) for c in IDLE_COLUMNS}).astype(
+            {"seconds": np.float64, "signalled": bool}
+        )
+    stale = round(thresholds.signal_stale_s * 1000)
+    pod = _at(idle, pod_signals, key="pod_uid", columns=POD_SIGNALS, stale_ms=stale)
+    card = _at(idle, card_signals, key="gpu", columns=CARD_SIGNALS, stale_ms=stale)
+    t = thresholds
+    link = card["pcie_link_bytes_s"].fillna(t.pcie_default_bytes_s)
+    gang = idle["pod_uid"].astype(str).isin(set(multi_card_pods)).to_numpy()
+    serving = (pod["requests_running"].notna() | pod["requests_waiting"].notna()).to_numpy()
+    queued = (pod["requests_running"].fillna(0) + pod["requests_waiting"].fillna(0) > 0).to_numpy()
+
+    def at_least(frame: pd.DataFrame, column: str, bound: float | pd.Series) -> np.ndarray:
+        """True where the signal was recorded and reached `bound` (NaN never holds)."""
+        return np.asarray(frame[column] >= bound, dtype=bool)
+
+    rules: list[tuple[str, IdleCause, np.ndarray]] = [
+        ("cpu_limit", IdleCause.INPUT_BOUND, at_least(pod, "cpu_limit_ratio", t.cpu_limit_ratio)),
+        (
+            "cpu_throttled",
+            IdleCause.INPUT_BOUND,
+            at_least(pod, "throttled_ratio", t.throttled_ratio),
+        ),
+        ("cpu_pressure", IdleCause.INPUT_BOUND, at_least(pod, "cpu_pressure", t.pressure_ratio)),
+        ("io_pressure", IdleCause.INPUT_BOUND, at_least(pod, "io_pressure", t.pressure_ratio)),
+        ("pcie", IdleCause.HOST_TRANSFER, at_least(card, "pcie_bytes_s", t.pcie_ratio * link)),
+        (
+            "nvlink",
+            IdleCause.COMMUNICATION,
+            gang & at_least(card, "nvlink_bytes_s", t.comm_bytes_s),
+        ),
+        ("network", IdleCause.COMMUNICATION, gang & at_least(pod, "net_bytes_s", t.comm_bytes_s)),
+        ("serving_queue", IdleCause.BATCHING, serving & queued),
+        ("serving_idle", IdleCause.LOW_DEMAND, serving & ~queued),
+    ]
+    cause = np.full(len(idle), IdleCause.UNEXPLAINED.value, dtype=object)
+    deciding = np.full(len(idle), "", dtype=object)
+    open_ = np.ones(len(idle), dtype=bool)
+    for name, verdict, holds in rules:
+        hit = open_ & holds
+        cause[hit] = verdict.value
+        deciding[hit] = name
+        open_ &= ~hit
+    signalled = (pod.notna().any(axis=1) | card.notna().any(axis=1)).to_numpy()
+    return pd.DataFrame(
+        {
+            "gpu": idle["gpu"].to_numpy(dtype=object),
+            "pod_uid": idle["pod_uid"].to_numpy(dtype=object),
+            "cause": cause,
+            "deciding": deciding,
+            "seconds": idle["seconds"].to_numpy(dtype=np.float64),
+            "signalled": signalled,
+        }
+    )
+
+
+def _covered_ms(
+    start: np.ndarray, end: np.ndarray, spans_start: np.ndarray, spans_end: np.ndarray
+) -> np.ndarray:
+    """Per [start, end): the milliseconds inside the union of the spans (sorted, merged)."""
+    if spans_start.size == 0:
+        return np.zeros(start.size)
+    order = np.argsort(spans_start, kind="stable")
+    s, e = spans_start[order], spans_end[order]
+    merged_s, merged_e = [int(s[0])], [int(e[0])]
+    for a, b in zip(s[1:], e[1:], strict=True):
+        if a <= merged_e[-1]:
+            merged_e[-1] = max(merged_e[-1], int(b))
+        else:
+            merged_s.append(int(a))
+            merged_e.append(int(b))
+    ms, me = np.array(merged_s, dtype=np.int64), np.array(merged_e, dtype=np.int64)
+    cum = np.concatenate([[0], np.cumsum(me - ms)])
+
+    def upto(x: np.ndarray) -> np.ndarray:
+        """Covered milliseconds before each x."""
+        i = np.searchsorted(ms, x, side="right")  # spans starting at or before x
+        inside = np.minimum(x, me[np.maximum(i - 1, 0)]) - ms[np.maximum(i - 1, 0)]
+        return np.where(i > 0, cum[np.maximum(i - 1, 0)] + np.maximum(inside, 0), 0)
+
+    covered: np.ndarray = (upto(end) - upto(start)).astype(np.float64)
+    return covered
+
+
+def split_unallocated(
+    pieces: pd.DataFrame,
+    *,
+    card_node: Mapping[str, str],
+    card_kind: Mapping[str, str],
+    unavailable: pd.DataFrame | None,
+    demand: pd.DataFrame | None,
+) -> pd.DataFrame:
+    """Seconds per (gpu, cause) of the `unallocated` pieces (module docstring)."""
+    free = pieces[pieces["category"] == WasteCategory.UNALLOCATED.value]
+    if free.empty:
+        return pd.DataFrame({"gpu": pd.Series(dtype=object), "cause": pd.Series(dtype=object),
+                             "seconds": pd.Series(dtype=np.float64)})  # fmt: skip
+    gpu = free["gpu"].astype(str).to_numpy()
+    start = free["start_ms"].to_numpy(np.int64)
+    end = free["end_ms"].to_numpy(np.int64)
+    seconds = free["seconds"].to_numpy(np.float64)
+    length = np.maximum(end - start, 1).astype(np.float64)
+    weight = seconds * 1000.0 / length  # the card's free share during the piece
+
+    out_ms = np.zeros(gpu.size)
+    node = np.array([card_node.get(g, "") for g in gpu], dtype=object)
+    if unavailable is not None and not unavailable.empty:
+        for name, spans in unavailable.groupby("node"):
+            on = node == name
+            out_ms[on] = _covered_ms(
+                start[on],
+                end[on],
+                spans["start_ms"].to_numpy(np.int64),
+                spans["end_ms"].to_numpy(np.int64),
+            )
+    gone = seconds * out_ms / length
+    avail_w = weight * (1.0 - out_ms / length)  # free share still available, per ms
+
+    blocked = np.zeros(gpu.size)
+    if demand is not None and not demand.empty and avail_w.any():
+        kind = np.array([card_kind.get(g, "") for g in gpu], dtype=object)
+        d_kind = demand["kind"].astype(object).where(demand["kind"].notna(), None).to_numpy()
+        d_start = demand["start_ms"].to_numpy(np.int64)
+        d_end = demand["end_ms"].to_numpy(np.int64)
+        d_cards = demand["cards"].to_numpy(np.float64)
+        grid = np.unique(np.concatenate([start, end, d_start, d_end]))
+        kinds = sorted(set(kind))
+        k_of = {k: i for i, k in enumerate(kinds)}
+        n_e = grid.size - 1
+        # free available card-equivalents and demand per (kind, elementary interval)
+        f = np.zeros((len(kinds), n_e + 1))
+        si, ei = np.searchsorted(grid, start), np.searchsorted(grid, end)
+        ki = np.array([k_of[k] for k in kind], dtype=np.int64)
+        np.add.at(f, (ki, si), avail_w)
+        np.add.at(f, (ki, ei), -avail_w)
+        f = np.cumsum(f, axis=1)[:, :n_e]
+        d = np.zeros((len(kinds), n_e + 1))
+        d_any = np.zeros(n_e + 1)
+        dsi, dei = np.searchsorted(grid, d_start), np.searchsorted(grid, d_end)
+        for k, a, b, c in zip(d_kind, dsi, dei, d_cards, strict=True):
+            if k is None:
+                d_any[a] += c
+                d_any[b] -= c
+            elif k in k_of:
+                d[k_of[k], a] += c
+                d[k_of[k], b] -= c
+        d = np.cumsum(d, axis=1)[:, :n_e]
+        d_any = np.cumsum(d_any)[:n_e]
+        total_f = f.sum(axis=0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            want = d + d_any * np.where(total_f > 0, f / np.where(total_f > 0, total_f, 1), 0)
+            frac = np.where(f > 1e-12, np.minimum(1.0, want / np.where(f > 1e-12, f, 1)), 0.0)
+        step = np.diff(grid).astype(np.float64)
+        cum = np.concatenate([np.zeros((len(kinds), 1)), np.cumsum(frac * step, axis=1)], axis=1)
+        blocked = avail_w * (cum[ki, ei] - cum[ki, si]) / 1000.0
+        blocked = np.minimum(blocked, seconds - gone)
+    rest = np.maximum(seconds - gone - blocked, 0.0)
+    frame = pd.DataFrame(
+        {
+            "gpu": np.concatenate([gpu, gpu, gpu]).astype(object),
+            "cause": np.repeat(
+                [FreeCause.UNAVAILABLE.value, FreeCause.BLOCKED.value, FreeCause.NO_DEMAND.value],
+                gpu.size,
+            ).astype(object),
+            "seconds": np.concatenate([gone, blocked, rest]),
+        }
+    )
+    summed = frame.groupby(["gpu", "cause"], as_index=False, sort=True)["seconds"].sum()
+    kept: pd.DataFrame = summed[summed["seconds"] > 0].reset_index(drop=True)
+    return kept[FREE_COLUMNS]
