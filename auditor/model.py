@@ -80,6 +80,17 @@ PLATFORM_TEAM = "(platform)"
 """Team name of the row that carries unallocated time and unobserved time of unheld cards."""
 
 
+class GroupBy(StrEnum):
+    """What the rows of a report are grouped by (`auditor report --by`)."""
+
+    TEAM = "team"
+    NAMESPACE = "namespace"
+    JOB = "job"
+    POD = "pod"
+    NODE = "node"
+    GPU = "gpu"
+
+
 class WorkloadKind(StrEnum):
     """What a pod is for, which decides the advice a report gives."""
 

@@ -29,28 +29,9 @@ WATCH_NAMESPACE_ENV = "AUDITOR_WATCH_NAMESPACE"
 WATCH_SELECTOR_ENV = "AUDITOR_WATCH_SELECTOR"
 METRICS_PORT_ENV = "AUDITOR_METRICS_PORT"
 LOG_FORMAT_ENV = "AUDITOR_LOG_FORMAT"
-
-# The services' defaults, one source each: the CLI's flags, `jobs.SampleOptions` /
-# `jobs.WatchOptions` and the agents' own settings all read them from here.
-SAMPLE_PERIOD_S = 5.0
-"""Seconds between the sampler's passes over the node's GPUs."""
-SAMPLE_FLUSH_EVERY_S = 30.0
-"""Seconds between the sampler's writes to the store (passes are batched in between)."""
-BUFFER_MAX_MIB = 200.0
-"""MiB of passes the sampler keeps while the store is down (about 4 days of 8 GPUs at 5 s)."""
-SAMPLE_METRICS_PORT = 9402
-WATCH_METRICS_PORT = 9403
-METRICS_HOST = "0.0.0.0"
-"""Address the services' /metrics and /healthz listen on."""
-WATCH_HEALTH_MAX_AGE_S = 600.0
-"""The watcher's /healthz fails when a watched kind has not synced for this long."""
-WATCH_TIMEOUT_S = 300
-"""The API server ends each watch after this long; the watcher then watches again."""
-CONNECT_TIMEOUT_S = 10.0
-"""Seconds to open a connection to the API server."""
-READ_TIMEOUT_S = 90.0
-"""Seconds without a byte after which a watch stream counts as dead (servers send a
-bookmark about every minute to a watch that asks for them)."""
+PROCESS_UTIL_ENV = "AUDITOR_PROCESS_UTIL"
+PROC_ROOT_ENV = "AUDITOR_PROC_ROOT"
+FINANCE_OUT_ENV = "AUDITOR_FINANCE_OUT"
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +88,84 @@ class Thresholds:
                 raise ConfigError(f"is a percentage, got {value!r}", file=source, field=key)
             clean[key] = want(value)
         return replace(self, **clean)
+
+
+# The services' knobs, one declaration each: `jobs.sample` / `jobs.watch` run by these
+# options, `auditor sample` / `auditor watch` build them (their flags' defaults are these
+# fields' defaults), and the agents' own defaults are read from them (the names below).
+
+
+@dataclass(frozen=True)
+class SampleOptions:
+    """How `auditor sample` runs on a node (each default suits a DaemonSet)."""
+
+    node: str
+    buffer_dir: Path = Path("/var/lib/auditor")
+    """Directory of the on-disk buffer that keeps passes while the store is down."""
+    period_s: float = 5.0
+    """Seconds between the sampler's passes over the node's GPUs."""
+    flush_every_s: float = 30.0
+    """Seconds between the sampler's writes to the store (passes are batched in between)."""
+    buffer_max_mib: float = 200.0
+    """MiB of passes kept while the store is down (about 4 days of 8 GPUs at 5 s); beyond
+    it, or on a full disk, the oldest are dropped and counted. The file takes up to 1.2
+    times this on disk."""
+    pod_resources_socket: Path | None = None
+    """The kubelet's pod-resources socket; None: record no GPU -> pod mapping."""
+    metrics_host: str = "0.0.0.0"
+    """Address /metrics and /healthz listen on."""
+    metrics_port: int | None = 9402
+    """Port of /metrics and /healthz; 0: any free port; None: no server."""
+    max_passes: int | None = None
+    """Stop after this many passes (tests, benchmarks); None: run until stopped."""
+    proc_root: Path | None = None
+    """The host's `/proc`, to read per-process GPU utilisation and put it in pods (SPEC §7;
+    needs `hostPID: true`); None: off."""
+    json_logs: bool = False
+    """Log one JSON object a line, as the watcher does with the same flag."""
+    idle_threshold_pct: float = Thresholds().idle_threshold_pct
+    """A held card whose utilisation is at or below this is idle for its live idle streak."""
+
+
+@dataclass(frozen=True)
+class WatchOptions:
+    """How `auditor watch` runs (each default suits the single-replica Deployment)."""
+
+    kubeconfig: str | None = None
+    """A kubeconfig file; None: in-cluster, else `KUBECONFIG` / ~/.kube/config."""
+    context: str | None = None
+    namespace: str | None = None
+    """Watch pods of this namespace only; None: all namespaces."""
+    selector: str | None = None
+    """Label selector of the pods to watch."""
+    nodes: bool = True
+    """Watch nodes too (GPU model, capacity, cordoned)."""
+    metrics_host: str = SampleOptions.metrics_host
+    metrics_port: int | None = 9403
+    """Port of /metrics and /healthz; 0: any free port; None: no server."""
+    health_max_age_s: float = 600.0
+    """/healthz fails when a watched kind has not synced for this long."""
+    watch_timeout_s: int = 300
+    """The API server ends each watch after this long; the watcher then watches again."""
+    connect_timeout_s: float = 10.0
+    """Seconds to open a connection to the API server."""
+    read_timeout_s: float = 90.0
+    """Seconds without a byte after which a watch stream counts as dead (servers send a
+    bookmark about every minute to a watch that asks for them)."""
+    json_logs: bool = False
+    audit_top_jobs: int = 10
+    """/metrics also serves the latest complete audit (read at most once a minute), with the
+    figures of this many jobs that wasted most; 0: no job figures."""
+
+
+SAMPLE_PERIOD_S = SampleOptions.period_s
+SAMPLE_FLUSH_EVERY_S = SampleOptions.flush_every_s
+BUFFER_MAX_MIB = SampleOptions.buffer_max_mib
+WATCH_TIMEOUT_S = WatchOptions.watch_timeout_s
+CONNECT_TIMEOUT_S = WatchOptions.connect_timeout_s
+READ_TIMEOUT_S = WatchOptions.read_timeout_s
+"""The agents' defaults (`auditor.agents.sample`, `auditor.agents.watch`), as the options
+above declare them."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,8 @@
 """Idle-culling policies (SPEC §9) as `auditor whatif --policy` reads them.
 
 `idle>=DURATION` (required), then optionally `kind=KIND`, `team=TEAM`, `grace=DURATION`,
-`util<PERCENT` (or `util<=PERCENT`), comma-separated, each at most once. A bad spec is one
+`util<PERCENT` (or `util<=PERCENT`), comma-separated, each at most once. A DURATION reads
+as every time option's does (`auditor.timespec`: 30m, 12h, 7d, 1w). A bad spec is one
 `InputError` naming the field (`--policy grace`, ...).
 """
 
@@ -15,11 +16,11 @@ import numpy as np
 
 from auditor.errors import InputError
 from auditor.settings import Thresholds
+from auditor.timespec import duration_ms
 
 UTIL_EPSILON = 1e-9
 """Utilisation is recovered from seconds (busy / length): compare with this much slack."""
 
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _FIELDS = ("idle", "kind", "team", "grace", "util")
 
 
@@ -42,13 +43,6 @@ class Policy:
         if self.util_below is None:
             return np.asarray(util <= thresholds.idle_threshold_pct + UTIL_EPSILON)
         return np.asarray(util < self.util_below - UTIL_EPSILON)
-
-
-def _duration_ms(text: str, *, field: str) -> int:
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd])\s*", text)
-    if not m:
-        raise InputError(f"not a duration like 30m, 2h, 1d: {text.strip()!r}", field=field)
-    return round(float(m.group(1)) * _UNITS[m.group(2)] * 1000)
 
 
 def parse_policy(text: str) -> Policy:
@@ -81,7 +75,7 @@ def parse_policy(text: str) -> Policy:
         raise InputError(
             f"a policy needs an idle length, e.g. idle>=2h: {spec!r}", field="--policy idle"
         )
-    idle_ms = _duration_ms(values["idle"], field="--policy idle")
+    idle_ms = duration_ms(values["idle"], option="--policy idle")
     if idle_ms <= 0:
         raise InputError("the idle length must be positive", field="--policy idle")
     util_below: float | None = None
@@ -101,6 +95,6 @@ def parse_policy(text: str) -> Policy:
         idle_ms=idle_ms,
         kind=values.get("kind"),
         team=values.get("team"),
-        grace_ms=_duration_ms(values["grace"], field="--policy grace") if "grace" in values else 0,
+        grace_ms=duration_ms(values["grace"], option="--policy grace") if "grace" in values else 0,
         util_below=util_below,
     )

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from auditor.errors import InputError
 from auditor.jobs.common import open_store
 from auditor.model import Selection, Window
+from auditor.timespec import parse_instant
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -252,17 +253,6 @@ def store_latency_rows(url: str, rows: Sequence[dict[str, Any]]) -> int:
 _SIDE = re.compile(r"^(job|team|label)=(.+)@(.+)\.\.(.+)$")
 
 
-def parse_instant(text: str, *, option: str) -> int:
-    """ISO 8601 (UTC where no zone is given) -> epoch milliseconds."""
-    from datetime import UTC, datetime
-
-    try:
-        moment = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
-    except ValueError:
-        raise InputError(f"not an ISO 8601 time: {text[:40]!r}", field=option) from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return int(moment.timestamp() * 1000)
 
 
 def parse_side(text: str, *, option: str) -> Selection:

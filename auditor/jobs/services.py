@@ -4,53 +4,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from auditor.errors import AuditorError, InputError
 from auditor.jobs.common import open_store
-from auditor.settings import (
-    BUFFER_MAX_MIB,
-    CONNECT_TIMEOUT_S,
-    METRICS_HOST,
-    READ_TIMEOUT_S,
-    SAMPLE_FLUSH_EVERY_S,
-    SAMPLE_METRICS_PORT,
-    SAMPLE_PERIOD_S,
-    WATCH_HEALTH_MAX_AGE_S,
-    WATCH_METRICS_PORT,
-    WATCH_TIMEOUT_S,
-    Config,
-    Thresholds,
-)
+from auditor.settings import Config, SampleOptions, WatchOptions
 
-
-@dataclass(frozen=True)
-class SampleOptions:
-    """How `auditor sample` runs on a node (each default suits a DaemonSet)."""
-
-    node: str
-    buffer_dir: Path
-    period_s: float = SAMPLE_PERIOD_S
-    flush_every_s: float = SAMPLE_FLUSH_EVERY_S
-    buffer_max_mib: float = BUFFER_MAX_MIB
-    """MiB of passes kept while the store is down (about 4 days of 8 GPUs at 5 s); beyond
-    it, or on a full disk, the oldest are dropped and counted. The file takes up to 1.2
-    times this on disk."""
-    pod_resources_socket: Path | None = None
-    """The kubelet's pod-resources socket; None: record no GPU -> pod mapping."""
-    metrics_host: str = METRICS_HOST
-    metrics_port: int | None = SAMPLE_METRICS_PORT
-    max_passes: int | None = None
-    """Stop after this many passes (tests, benchmarks); None: run until stopped."""
-    proc_root: Path | None = None
-    """The host's `/proc`, to read per-process GPU utilisation and put it in pods (SPEC §7;
-    needs `hostPID: true`); None: off."""
-    json_logs: bool = False
-    """Log one JSON object a line, as the watcher does with the same flag."""
-    idle_threshold_pct: float = Thresholds().idle_threshold_pct
-    """A held card whose utilisation is at or below this is idle for its live idle streak."""
+__all__ = ["SampleOptions", "WatchOptions", "restored_streaks", "sample", "watch"]
+"""The options are declared in `auditor.settings`, with their defaults; here they run."""
 
 
 def restored_streaks(url: str, *, node: str, idle_threshold_pct: float) -> dict[Any, int]:
@@ -147,35 +108,6 @@ def sample(url: str, options: SampleOptions, *, log: Callable[[str], None]) -> N
             holders.close()
         reader.close()
         buffer.close()
-
-
-@dataclass(frozen=True)
-class WatchOptions:
-    """How `auditor watch` runs (each default suits the single-replica Deployment)."""
-
-    kubeconfig: str | None = None
-    """A kubeconfig file; None: in-cluster, else `KUBECONFIG` / ~/.kube/config."""
-    context: str | None = None
-    namespace: str | None = None
-    """Watch pods of this namespace only; None: all namespaces."""
-    selector: str | None = None
-    """Label selector of the pods to watch."""
-    nodes: bool = True
-    """Watch nodes too (GPU model, capacity, cordoned)."""
-    metrics_host: str = METRICS_HOST
-    metrics_port: int | None = WATCH_METRICS_PORT
-    """Port of /metrics and /healthz; 0: any free port; None: no server."""
-    health_max_age_s: float = WATCH_HEALTH_MAX_AGE_S
-    """/healthz fails when a watched kind has not synced for this long."""
-    watch_timeout_s: int = WATCH_TIMEOUT_S
-    """The server ends each watch after this long (it is then resumed)."""
-    connect_timeout_s: float = CONNECT_TIMEOUT_S
-    read_timeout_s: float = READ_TIMEOUT_S
-    """A stream silent this long counts as dead (servers bookmark about every minute)."""
-    json_logs: bool = False
-    audit_top_jobs: int = 10
-    """/metrics also serves the latest complete audit (read at most once a minute), with the
-    figures of this many jobs that wasted most; 0: no job figures."""
 
 
 def watch(

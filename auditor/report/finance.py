@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import csv
 import io
-import re
 from dataclasses import dataclass
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, datetime
 
 import numpy as np
 import pandas as pd
 
-from auditor.errors import InputError
+from auditor import timespec
 from auditor.model import CATEGORIES, PLATFORM_TEAM, SCHEDULING_WASTE, WasteCategory
 from auditor.report.text import csv_cell
 from auditor.settings import Prices
@@ -56,17 +55,8 @@ class Week:
 
 def parse_week(text: str) -> Week:
     """`2026-W48` → that ISO week, Monday 00:00 UTC to the next Monday 00:00 UTC."""
-    m = re.fullmatch(r"(\d{4})-W(\d{2})", text.strip())
-    if not m:
-        raise InputError(f"not an ISO week like 2026-W48: {text!r}", field="--week")
-    try:
-        monday = date.fromisocalendar(int(m.group(1)), int(m.group(2)), 1)
-    except ValueError:
-        raise InputError(f"no such ISO week: {text!r}", field="--week") from None
-    start = datetime(monday.year, monday.month, monday.day, tzinfo=UTC)
-    end = start + timedelta(days=7)
-    label = f"{m.group(1)}-W{m.group(2)}"
-    return Week(label, int(start.timestamp() * 1000), int(end.timestamp() * 1000))
+    label, (start_ms, end_ms) = timespec.parse_week(text)
+    return Week(label, start_ms, end_ms)
 
 
 def round_column(values: np.ndarray, decimals: int) -> np.ndarray:

@@ -7,22 +7,11 @@ CSV (SPEC §4) so every format agrees.
 
 from __future__ import annotations
 
-from enum import StrEnum
-
 import numpy as np
 import pandas as pd
 
 from auditor.model import CATEGORIES, PLATFORM_TEAM, SCHEDULING_WASTE, WasteCategory
-
-
-class GroupBy(StrEnum):
-    TEAM = "team"
-    NAMESPACE = "namespace"
-    JOB = "job"
-    POD = "pod"
-    NODE = "node"
-    GPU = "gpu"
-
+from auditor.model import GroupBy as GroupBy  # noqa: PLC0414 - re-exported: callers import it here
 
 GROUP_COLUMNS: dict[GroupBy, list[str]] = {
     GroupBy.TEAM: ["team"],

@@ -1,0 +1,313 @@
+"""`auditor import nvidia-smi|pods|prometheus|outputs`: read files or Prometheus into the store.
+
+Each file is its own transaction (`each_file`): a refused one is named and the others go in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from auditor.cli.app import file_progress, state, user_errors
+from auditor.cli.options import (
+    BasicAuthPasswordFileOption,
+    BasicAuthUserOption,
+    BearerTokenFileOption,
+    EndOption,
+    QueryTimeoutOption,
+    SinceOption,
+    StartOption,
+)
+from auditor.errors import InputError
+from auditor.redact import redact
+from auditor.report.text import terminal_safe
+from auditor.timespec import parse_duration, parse_tz, parse_window
+
+if TYPE_CHECKING:
+    from auditor.collect.prometheus import Auth
+
+
+def import_nvidia_smi(
+    files: Annotated[
+        list[Path],
+        typer.Argument(help="nvidia-smi --query-gpu=... --format=csv logs, one per node."),
+    ],
+    node: Annotated[
+        str | None,
+        typer.Option("--node", help="Node the files were captured on. Default: each file's name."),
+    ] = None,
+    tz: Annotated[
+        str | None,
+        typer.Option(
+            "--tz", help="The node's time zone (nvidia-smi prints local time). Default UTC."
+        ),
+    ] = None,
+    columns: Annotated[
+        str | None,
+        typer.Option(
+            "--columns",
+            help="Fields of a file without a header, as given to --query-gpu "
+            "(timestamp,uuid,utilization.gpu,memory.used).",
+        ),
+    ] = None,
+    ignore_unknown_columns: Annotated[
+        bool,
+        typer.Option("--ignore-unknown-columns", help="Skip columns this version does not know."),
+    ] = False,
+) -> None:
+    """Import GPU samples from nvidia-smi CSVs (any field order, with or without units).
+
+    Each file is one transaction: a bad file is refused with its error and the others are
+    imported; the exit status is 2 if any was refused."""
+    from auditor import jobs
+
+    fields = None if columns is None else [c.strip() for c in columns.split(",")]
+    with user_errors():
+        zone = parse_tz(tz)
+
+    def one(file: Path) -> None:
+        with file_progress(file, file.name) as progress:
+            stats = jobs.import_nvidia_smi(
+                state.db_url,
+                file,
+                node=node if node is not None else file.stem,
+                tz=zone,
+                ignore_unknown_columns=ignore_unknown_columns,
+                progress=progress,
+                columns=fields,
+            )
+        already = f" ({stats.already} already stored)" if stats.already else ""
+        typer.echo(
+            f"imported {stats.rows} samples of {stats.gpus} GPUs from {file} in "
+            f"{stats.seconds:.1f}s{already}"
+        )
+
+    each_file(files, one)
+
+
+def each_file(files: list[Path], one: Callable[[Path], None]) -> None:
+    """Import each file in its own transaction. A file refused for its content is named with
+    its one-line error and the next goes on; a store that cannot be used, or Ctrl-C, stops
+    the command. With several files a summary ends it; exit 2 if any was refused."""
+    refused: list[str] = []
+    for file in files:
+        try:
+            with user_errors():
+                one(file)
+        except typer.Exit as e:
+            if e.exit_code != InputError.exit_code:
+                raise
+            refused.append(file.name)
+    if refused:
+        if len(files) > 1:
+            names = terminal_safe(", ".join(refused))
+            names = names if len(names) <= 160 else f"{names[:160]}…"
+            typer.echo(
+                f"auditor: error: {len(refused)} of {len(files)} files refused "
+                f"(nothing of them written): {names}",
+                err=True,
+            )
+        raise typer.Exit(InputError.exit_code)
+    if len(files) > 1:
+        typer.echo(f"{len(files)} files imported")
+
+
+def import_pods(
+    files: Annotated[
+        list[Path],
+        typer.Argument(
+            metavar="FILE",
+            help="kubectl get pods,nodes -A -o json|yaml [--watch --output-watch-events]; "
+            "several files: one transaction each.",
+        ),
+    ],
+) -> None:
+    """Import GPU pods and nodes from kubectl JSON or YAML lists, manifests or watch streams.
+
+    A refused file is rolled back and the others are imported; the exit status is then
+    non-zero."""
+    from auditor import jobs
+
+    def one(file: Path) -> None:
+        with file_progress(file, file.name) as progress:
+            stats = jobs.import_pods(state.db_url, file, config=state.config(), progress=progress)
+        typer.echo(
+            f"imported {stats.rows} GPU pod records and {stats.nodes} nodes from {file} in "
+            f"{stats.seconds:.1f}s"
+        )
+
+    each_file(files, one)
+
+
+def _prometheus_source(
+    url: str,
+    *,
+    start: str | None,
+    end: str | None,
+    since: str | None,
+    user: str | None,
+    password_file: Path | None,
+    token_file: Path | None,
+) -> tuple[tuple[int, int], str, Auth | None]:
+    """The window and the Prometheus URL (credentials taken out) with its auth, as the
+    Prometheus imports take them."""
+    from auditor.collect.prometheus import credentials
+
+    window = parse_window(start, end, since)
+    if window is None:
+        raise InputError("give --start and --end, or --since", field="--start")
+    clean, auth = credentials(url, user=user, password_file=password_file, token_file=token_file)
+    return window, clean, auth
+
+
+def import_prometheus(
+    url: Annotated[
+        str, typer.Option("--url", help="Prometheus base URL, e.g. http://prometheus:9090.")
+    ],
+    start: StartOption = None,
+    end: EndOption = None,
+    since: SinceOption = None,
+    step: Annotated[
+        str,
+        typer.Option("--step", help="Resolution: dcgm-exporter's scrape interval (5s, 15s, 30s)."),
+    ] = "15s",
+    bearer_token_file: BearerTokenFileOption = None,
+    basic_auth_user: BasicAuthUserOption = None,
+    basic_auth_password_file: BasicAuthPasswordFileOption = None,
+    timeout: QueryTimeoutOption = "60s",
+    node_label: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--node-label",
+            metavar="<str>",
+            help="Label naming the node, first present wins; repeatable "
+            "(default kubernetes_node, node, nodename; else kube_pod_info, else Hostname).",
+        ),
+    ] = None,
+) -> None:
+    """Import dcgm-exporter GPU samples, and the pod holding each GPU, from Prometheus."""
+    from auditor import jobs
+    from auditor.collect.prometheus import describe_sources
+
+    with user_errors():
+        window, url, auth = _prometheus_source(
+            url,
+            start=start,
+            end=end,
+            since=since,
+            user=basic_auth_user,
+            password_file=basic_auth_password_file,
+            token_file=bearer_token_file,
+        )
+        step_s = parse_duration(step, option="--step").total_seconds()
+        timeout_s = parse_duration(timeout, option="--timeout").total_seconds()
+        stats = jobs.import_prometheus(
+            state.db_url,
+            prometheus_url=url,
+            window=window,
+            step_s=step_s,
+            auth=auth,
+            timeout_s=timeout_s,
+            node_labels=node_label or None,
+        )
+    sources = describe_sources(stats.node_sources, stats.util_sources)
+    typer.echo(
+        f"imported {stats.samples} samples of {stats.gpus} GPUs and {stats.holdings} GPU -> pod "
+        f"assignments from {redact(url)} in {stats.seconds:.1f}s"
+        + (f" ({stats.already} samples already stored)" if stats.already else "")
+        + (f"; {terminal_safe(sources)}" if sources else "")
+    )
+    if stats.unresolved:
+        typer.echo(
+            f"{stats.unresolved} GPU -> pod spans name pods not in the database: "
+            "import the pods, then run this import again",
+            err=True,
+        )
+
+
+def import_outputs(
+    file: Annotated[
+        Path | None,
+        typer.Argument(
+            metavar="[FILE.csv]",
+            help="Outputs CSV: job|pod,start,end,outputs,unit[,quality,quality_better].",
+        ),
+    ] = None,
+    url: Annotated[
+        str | None,
+        typer.Option("--url", help="Prometheus base URL to read serving counters from."),
+    ] = None,
+    start: StartOption = None,
+    end: EndOption = None,
+    since: SinceOption = None,
+    metric: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--metric",
+            metavar="NAME[:unit]",
+            help="Output counter, repeatable (default: vLLM, Triton and TGI counters).",
+        ),
+    ] = None,
+    latency: Annotated[
+        str,
+        typer.Option("--latency", help="Latency histogram ('' for none)."),
+    ] = "vllm:e2e_request_latency_seconds",
+    step: Annotated[str, typer.Option("--step", help="Resolution of the counters read.")] = "15s",
+    interval: Annotated[
+        str, typer.Option("--interval", help="Length of each stored interval per pod.")
+    ] = "5m",
+    bearer_token_file: BearerTokenFileOption = None,
+    basic_auth_user: BasicAuthUserOption = None,
+    basic_auth_password_file: BasicAuthPasswordFileOption = None,
+    timeout: QueryTimeoutOption = "60s",
+) -> None:
+    """Import useful output per pod: serving counters and latency from Prometheus (--url), or
+    an outputs CSV for training (samples, steps, tokens) with an optional quality column."""
+    from auditor import jobs
+    from auditor.collect.useful_output import parse_metric
+
+    with user_errors():
+        if (file is None) == (url is None):
+            raise InputError("give an outputs CSV or --url, one of them", field="FILE")
+        if file is not None:
+            stats = jobs.import_outputs_csv(state.db_url, file)
+            source = str(file)
+        else:
+            assert url is not None
+            window, clean, auth = _prometheus_source(
+                url,
+                start=start,
+                end=end,
+                since=since,
+                user=basic_auth_user,
+                password_file=basic_auth_password_file,
+                token_file=bearer_token_file,
+            )
+            stats = jobs.import_outputs_prometheus(
+                state.db_url,
+                prometheus_url=clean,
+                window=window,
+                step_s=parse_duration(step, option="--step").total_seconds(),
+                metrics=[parse_metric(m) for m in metric] if metric else None,
+                latency=latency,
+                auth=auth,
+                timeout_s=parse_duration(timeout, option="--timeout").total_seconds(),
+                interval_s=max(
+                    1, int(parse_duration(interval, option="--interval").total_seconds())
+                ),
+            )
+            source = redact(clean)
+    typer.echo(
+        f"imported {stats.rows} output rows and {stats.latency_rows} latency bucket rows of "
+        f"{stats.pods} pods from {terminal_safe(source)} in {stats.seconds:.1f}s"
+        + (f" ({stats.resets} counter resets)" if stats.resets else "")
+    )
+    if stats.unresolved:
+        typer.echo(
+            f"{stats.unresolved} series intervals name pods not in the database: "
+            "import the pods, then run this import again",
+            err=True,
+        )
