@@ -253,8 +253,6 @@ def store_latency_rows(url: str, rows: Sequence[dict[str, Any]]) -> int:
 _SIDE = re.compile(r"^(job|team|label)=(.+)@(.+)\.\.(.+)$")
 
 
-
-
 def parse_side(text: str, *, option: str) -> Selection:
     """`job=NS/Kind/name@START..END`, `team=T@...` or `label=KEY=VALUE@...`."""
     m = _SIDE.match(text.strip())
