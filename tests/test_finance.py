@@ -19,6 +19,7 @@ from auditor.report.finance import (
     parse_week,
     render_finance_csv,
     round_column,
+    unpriced_note,
 )
 from auditor.report.summary import totals
 from auditor.report.text import csv_cell, neutralise
@@ -146,3 +147,16 @@ def test_text_cells_round_trip_through_csv_reader_without_formulas(team: str, ce
 def test_formula_starts_are_neutralised(cell: str) -> None:
     assert neutralise(cell) == "'" + cell
     assert neutralise("nlp") == "nlp"
+
+
+def test_models_without_a_price_are_named_in_a_warning() -> None:
+    """Without a config every cost is 0.00: the export says which models have no price."""
+    rows = finance_rows(SAMPLE, week=WEEK, prices=Prices(), cost_centres={})
+    note = unpriced_note(rows, prices=Prices())
+    assert note is not None
+    assert "'NVIDIA H100 80GB HBM3', 'NVIDIA L40S'" in note
+    assert "[prices]" in note
+    priced = Prices(by_model={H100: 4.0})
+    assert "'NVIDIA L40S'" in str(unpriced_note(rows, prices=priced))
+    assert H100 not in str(unpriced_note(rows, prices=priced))
+    assert unpriced_note(rows, prices=PRICES) is None  # a default prices every model

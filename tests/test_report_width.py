@@ -5,6 +5,7 @@ folded onto the next line where a terminal is too narrow for it."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 from htmlweek import week_report
@@ -63,3 +64,48 @@ def test_a_narrow_terminal_folds_names_and_cuts_none(by: GroupBy) -> None:
     for name in names(by):
         assert name.replace(" ", "") in joined, name
     assert "…" not in "".join(line.split("│")[1] for line in text.splitlines() if "│" in line)
+
+
+def test_the_cli_uses_the_whole_width_of_a_real_terminal(tmp_path: Path) -> None:
+    """`auditor report` in a 250-column pseudo-terminal: the card UUIDs come out whole."""
+    import fcntl
+    import os
+    import pty
+    import struct
+    import subprocess
+    import sys
+    import termios
+
+    from auditor import jobs
+
+    jobs.demo(tmp_path, scenario="small", log=lambda _: None)
+    db = f"sqlite:///{tmp_path / 'auditor.db'}"
+    out = {}
+    for cols in (250, 90):
+        leader, follower = pty.openpty()
+        fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 50, cols, 0, 0))
+        env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "auditor", "--db", db, "report", "--by", "gpu"],
+            stdout=follower, stderr=follower, stdin=follower, env=env,
+        )  # fmt: skip
+        os.close(follower)
+        chunks = []
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # the child closed the terminal
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        assert proc.wait(timeout=60) == 0
+        os.close(leader)
+        out[cols] = b"".join(chunks).decode("utf-8").replace("\r\n", "\n")
+    wide, narrow = out[250], out[90]
+    assert max(len(line) for line in wide.splitlines()) <= 250
+    assert max(len(line) for line in narrow.splitlines()) <= 90
+    report = jobs.build_report(db, start_ms=None, end_ms=None, by=GroupBy.GPU, team=None)
+    uuids = [str(g) for g in report.rows["gpu"]]
+    assert all(u in wide for u in uuids)  # whole on one line in a wide terminal
+    assert "…" not in wide

@@ -154,6 +154,15 @@ def write_atomically(path: Path, text: str) -> None:
     write_local(path, text.encode("utf-8"))
 
 
+def terminal_width() -> int | None:
+    """The terminal's columns (`COLUMNS` first) when standard output is a terminal; None
+    for a file or a pipe, which gets tables as wide as their content."""
+    import shutil
+    import sys
+
+    return shutil.get_terminal_size().columns if sys.stdout.isatty() else None
+
+
 def emit(text: str, out: Path | None) -> None:
     """A command's output: into `out` (atomically) where given, else to standard output."""
     if out is not None:

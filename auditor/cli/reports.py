@@ -13,7 +13,14 @@ from typing import Annotated
 
 import typer
 
-from auditor.cli.app import emit, state, user_errors, write_atomically
+from auditor.cli.app import (
+    echo_err,
+    emit,
+    state,
+    terminal_width,
+    user_errors,
+    write_atomically,
+)
 from auditor.cli.options import OutOption
 from auditor.errors import InputError
 from auditor.model import GroupBy
@@ -77,13 +84,15 @@ def report(
             by=by,
             team=team,
         )
-        renderers = {
-            Format.TABLE: render_table,
-            Format.JSON: render_json,
-            Format.CSV: render_csv,
-            Format.PROMETHEUS: render_prometheus,
-        }
-        text = renderers[fmt](rep)
+        if fmt is Format.TABLE:
+            text = render_table(rep, width=terminal_width() if out is None else None)
+        else:
+            renderers = {
+                Format.JSON: render_json,
+                Format.CSV: render_csv,
+                Format.PROMETHEUS: render_prometheus,
+            }
+            text = renderers[fmt](rep)
         emit(text, out)
 
 
@@ -142,11 +151,16 @@ def export_finance(
         if out is not None:
             check_target(out)
         chosen = last_week(datetime.now(UTC)) if week == "last" else week
-        text = jobs.export_finance(state.db_url, week=chosen, config=state.config())
+        warnings: list[str] = []
+        text = jobs.export_finance(
+            state.db_url, week=chosen, config=state.config(), warn=warnings.append
+        )
         if out is not None:
             write_output(out.replace("{week}", chosen), text.encode("utf-8"))
-            return
-    typer.echo(text, nl=False)
+        else:
+            typer.echo(text, nl=False)
+    for warning in warnings:  # once the CSV is out: a failure stays one line
+        echo_err(f"auditor: {warning}")
 
 
 class CompareFormat(StrEnum):

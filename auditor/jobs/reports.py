@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -300,9 +301,17 @@ def build_report_html(
     return render_report_html(report, card_util=util, timelines=shown, whatif=replayed)
 
 
-def export_finance(url: str, *, week: str, config: Config) -> str:
-    """The finance CSV of one ISO week, from the stored audit runs that cover it exactly."""
-    from auditor.report.finance import finance_rows, parse_week, render_finance_csv
+def export_finance(
+    url: str, *, week: str, config: Config, warn: Callable[[str], None] | None = None
+) -> str:
+    """The finance CSV of one ISO week, from the stored audit runs that cover it exactly.
+    `warn` hears of GPU models without a price (their cost columns are 0.00)."""
+    from auditor.report.finance import (
+        finance_rows,
+        parse_week,
+        render_finance_csv,
+        unpriced_note,
+    )
     from auditor.store import reads
 
     wk = parse_week(week)
@@ -314,4 +323,7 @@ def export_finance(url: str, *, week: str, config: Config) -> str:
         )
         results = reads.read_results(conn, run_ids)
     rows = finance_rows(results, week=wk, prices=config.prices, cost_centres=config.cost_centres)
+    note = unpriced_note(rows, prices=config.prices)
+    if note is not None and warn is not None:
+        warn(note)
     return render_finance_csv(rows)

@@ -146,3 +146,18 @@ def render_finance_csv(rows: pd.DataFrame) -> str:
                 cells.append(csv_cell(str(value)))
         writer.writerow(cells)
     return buf.getvalue()
+
+
+def unpriced_note(rows: pd.DataFrame, *, prices: Prices) -> str | None:
+    """The warning for GPU models whose hours are charged at 0 because no price is set
+    (no `[prices]` entry and no `default`), or None."""
+    held = rows[(rows["allocated_gpu_hours"] > 0) | (rows["unallocated_gpu_hours"] > 0)]
+    models = sorted({str(m) for m in held["gpu_model"] if prices.for_model(str(m)) == 0.0})
+    if not models:
+        return None
+    named = ", ".join(repr(m) for m in models[:5])
+    more = f" and {len(models) - 5} more" if len(models) > 5 else ""
+    return (
+        f"warning: no price for GPU model {named}{more}: its cost columns are 0.00; set "
+        "[prices] in the config (a price per GPU-hour per model, or `default`)"
+    )
