@@ -16,8 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from auditor.collect import nvidia_smi
 from auditor.collect.nvidia_smi import known_fields, read_nvidia_smi
+from auditor.collect.nvidia_smi import reader as nvidia_smi
 from auditor.errors import InputError
 from auditor.model import GpuRecord, GpuSample
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from auditor.collect.kubectl_json import KubectlRecord, check_file, read_kubectl_json
+from auditor.collect.kubectl_json import read_kubectl_json
+from auditor.collect.kubectl_shapes import KubectlRecord, check_file
 from auditor.errors import InputError
 from auditor.settings import Sharing, TeamRules
 

@@ -1,6 +1,7 @@
 """Read `kubectl get pods|nodes -o json` files, and `--watch` streams, into records.
 
-One reader takes every shape kubectl writes, in constant memory:
+One reader takes every shape kubectl writes (`auditor.collect.kubectl_shapes` walks them),
+in constant memory:
 
 - a list, `{"kind": "List" | "PodList" | "NodeList", "items": [...]}` (`kubectl get pods -A
   -o json`, `kubectl get pods,nodes -o json`); its items are decoded one at a time, never
@@ -19,34 +20,30 @@ field that cannot be read all raise `InputError` naming the file, the line and t
 (`items[3].metadata.uid`). A field's line is the line of its bad value where that value
 can be found in the pod's text, else the line where the pod begins.
 
-The decoder is the standard library's, applied to one value at a time over a sliding
-window of the text, which is how it knows line numbers; CRLF files read the same.
+This module owns the tokenising: the decoder is the standard library's, applied to one
+value at a time over a sliding window of the text, which is how it knows line numbers;
+CRLF files read the same.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import re
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from auditor.collect.nodes import node_row
-from auditor.collect.pod_records import pod_record
+from auditor.collect.kubectl_shapes import MAPPING, Found, KubectlRecord, read_records, value_type
 from auditor.errors import InputError, PodFieldError, shown
 from auditor.model import PodRecord
 from auditor.settings import Sharing, TeamRules
 
-LIST_KINDS = frozenset({"List", "PodList", "NodeList"})
-OBJECT_KINDS = frozenset({"Pod", "Node"})
-EXPECTED = "expected a Pod, a Node, a List of them or a watch event"
-NodeRow = dict[str, Any]
-KubectlRecord = PodRecord | NodeRow
-"""What a kubectl file gives: a pod observation, or a `nodes` row."""
+__all__ = ["CHUNK_CHARS", "KubectlRecord", "json_type", "read_kubectl_json", "read_kubectl_pods"]
+
 CHUNK_CHARS = 1 << 20
 """How much text one read takes; the window holds about this much plus one pod."""
+Where = tuple[int, int]
+"""Where an object's text is in the window: its start and end."""
 
 
 def read_kubectl_json(
@@ -65,16 +62,18 @@ def read_kubectl_json(
     how much one read takes. Raises `InputError` at once when the file does not exist, and
     while iterating for bad content.
     """
-    name = check_file(path)
-    return _records(
-        path,
-        name=name,
-        teams=teams,
-        node_ms=node_ms,
-        on_progress=on_progress,
-        chunk_chars=max(1, chunk_chars),
-        sharing=sharing,
-    )
+
+    def tokens(stream: TextIO, name: str, position: Callable[[], int]) -> _Tokens:
+        window = _Window(
+            stream,
+            name=name,
+            on_progress=on_progress,
+            position=position,
+            chunk_chars=max(1, chunk_chars),
+        )
+        return _Tokens(window, name=name)
+
+    return read_records(path, tokens=tokens, teams=teams, node_ms=node_ms, sharing=sharing)
 
 
 def read_kubectl_pods(
@@ -91,257 +90,92 @@ def read_kubectl_pods(
     return (r for r in records if isinstance(r, PodRecord))
 
 
-def check_file(path: Path) -> str:
-    """The file's name for messages; `InputError` when it is missing or not a file."""
-    name = str(path)
-    if not path.exists():
-        raise InputError("file does not exist", file=name)
-    if not path.is_file():
-        raise InputError("not a regular file", file=name)
-    return name
-
-
-def to_record(
-    obj: dict[str, Any],
-    *,
-    kind: str,
-    teams: TeamRules,
-    deleted: bool,
-    node_ms: int,
-    sharing: Sharing | None = None,
-) -> KubectlRecord | None:
-    """The record of one Pod or Node object; `PodFieldError` for a field it cannot read."""
-    if kind == "Node":
-        return node_row(obj, at_ms=node_ms)
-    return pod_record(obj, teams=teams, deleted=deleted, sharing=sharing)
-
-
-def _records(
-    path: Path,
-    *,
-    name: str,
-    teams: TeamRules,
-    node_ms: int,
-    on_progress: Callable[[int], None] | None,
-    chunk_chars: int,
-    sharing: Sharing | None = None,
-) -> Iterator[KubectlRecord]:
-    try:
-        raw = path.open("rb")
-    except OSError as e:
-        raise InputError(f"cannot read: {e.strerror}", file=name) from e
-    with raw, io.TextIOWrapper(raw, encoding="utf-8-sig", newline=None) as stream:
-        text = _Window(
-            stream, name=name, on_progress=on_progress, position=raw.tell, chunk_chars=chunk_chars
-        )
-        for found in _pod_objects(text):
-            try:
-                record = to_record(
-                    found.pod,
-                    kind=found.kind,
-                    teams=teams,
-                    deleted=found.deleted,
-                    node_ms=node_ms,
-                    sharing=sharing,
-                )
-            except PodFieldError as e:
-                field = f"{found.prefix}.{e.field}" if found.prefix else e.field
-                line = text.line_of_value(e.value, found.start, found.end) or found.line
-                raise InputError(e.message, file=name, line=line, field=field) from e
-            if record is not None:
-                yield record
-
-
 # ---------------------------------------------------------------------------------------------
-# the shapes of kubectl output
+# the tokens of the shapes
 
 
-@dataclass(frozen=True, slots=True)
-class _Found:
-    """A Pod or Node object found in the text, with where it is."""
+class _Tokens:
+    """The JSON values of a text window, as the walk of kubectl's shapes takes them: one
+    top-level object at a time, its keys one by one, a list's items one at a time."""
 
-    pod: dict[str, Any]
-    prefix: str
-    """Path from the document to the object: `items[3]`, `object`, or empty."""
-    line: int
-    start: int
-    end: int
-    deleted: bool = False
-    kind: str = "Pod"
+    format = "json"
+    sequence = "an array"
 
+    def __init__(self, text: _Window, *, name: str) -> None:
+        self.name = name
+        self.text = text
+        self._first = True
+        """Whether the next key is the mapping's first (no comma before it)."""
 
-def _pod_objects(text: _Window) -> Iterator[_Found]:
-    """The pods of every top-level value of the text, in order. An empty file is refused:
-    it is what a failed `kubectl ... > file` leaves, not a cluster without pods (that is a
-    List with no items)."""
-    values = 0
-    while (c := text.peek()) != "":
-        line = text.line_at(text.pos)
-        if c != "{":
-            value = text.value()
-            raise text.error(f"{EXPECTED}, got {json_type(value)}", line=line)
-        values += 1
-        yield from _top_object(text, line)
-    if values == 0:
-        raise text.error(
-            "the file is empty: expected the output of `kubectl get pods -A -o json`", line=1
-        )
+    def documents(self) -> Iterator[tuple[int, object]]:
+        text = self.text
+        while (c := text.peek()) != "":
+            line = text.line_at(text.pos)
+            yield line, (MAPPING if c == "{" else text.value())
 
+    def open_mapping(self, head: dict[str, Any]) -> None:
+        self.text.anchor = self.text.pos
+        self.text.expect("{")
+        self._first = True
 
-def _top_object(text: _Window, line: int) -> Iterator[_Found]:
-    """One top-level object. Its keys are decoded one by one so that a list's `items` can be
-    streamed; anything else (a pod, a watch event) is small and kept whole."""
-    text.anchor = text.pos
-    head: dict[str, Any] = {}
-    streamed = False
-    text.expect("{")
-    if text.peek() == "}":
-        text.expect("}")
-    else:
+    def key(self) -> str | None:
+        text = self.text
+        if self._first:
+            self._first = False
+            if text.peek() == "}":
+                text.expect("}")
+                return None
+        elif text.peek() == ",":
+            text.expect(",")
+        else:
+            text.expect("}")
+            return None
+        key = text.value()
+        if not isinstance(key, str):
+            raise text.error("not valid JSON: expected a property name in double quotes")
+        text.expect(":")
+        return key
+
+    def at_sequence(self) -> bool:
+        return self.text.peek() == "["
+
+    def value(self, key: str) -> Any:
+        return self.text.value()
+
+    def items(self) -> Iterator[tuple[Any, int, Where]]:
+        text = self.text
+        text.anchor = None  # items can be far apart: let the window slide
+        text.expect("[")
+        if text.peek() == "]":
+            text.expect("]")
+            return
         while True:
-            key = text.value()
-            if not isinstance(key, str):
-                raise text.error("not valid JSON: expected a property name in double quotes")
-            text.expect(":")
-            if key == "items" and not streamed and text.peek() == "[":
-                kind = kind_of(head)
-                if kind is not None and kind not in LIST_KINDS:
-                    raise text.error(f"{EXPECTED}, got kind={kind}", line=line, field="kind")
-                streamed = True
-                text.anchor = None  # items can be far apart: let the window slide
-                yield from _items(text)
-            else:
-                head[key] = text.value()
+            item = text.value()
+            start = text.last_start
+            yield item, text.line_at(start), (start, text.pos)
             if text.peek() == ",":
                 text.expect(",")
                 continue
-            text.expect("}")
-            break
-    start, end = text.anchor, text.pos
-    text.anchor = None
-    kind = kind_of(head)
-    if streamed or kind in LIST_KINDS or "items" in head:
-        if kind is not None and kind not in LIST_KINDS:
-            raise text.error(f"{EXPECTED}, got kind={kind}", line=line, field="kind")
-        if head.get("items") is not None:
-            raise text.error("must be a list", line=line, field="items")
-        return
-    if start is None:  # pragma: no cover - only a streamed list lets go of its start
-        start = end
-    if "type" in head and "object" in head:
-        event = _watch_event(text, head, line=line, start=start, end=end)
-        if event is not None:
-            yield event
-        return
-    yield _as_pod(text, head, prefix="", line=line, start=start, end=end)
+            text.expect("]")
+            return
 
+    def close_mapping(self) -> Where:
+        start, end = self.text.anchor, self.text.pos
+        self.text.anchor = None
+        return (end if start is None else start), end  # only a streamed list lets go of it
 
-def _items(text: _Window) -> Iterator[_Found]:
-    """The elements of a list's `items` array, decoded one at a time."""
-    text.expect("[")
-    if text.peek() == "]":
-        text.expect("]")
-        return
-    i = 0
-    while True:
-        item = text.value()
-        start = text.last_start
-        line = text.line_at(start)
-        yield _as_pod(text, item, prefix=f"items[{i}]", line=line, start=start, end=text.pos)
-        i += 1
-        if text.peek() == ",":
-            text.expect(",")
-            continue
-        text.expect("]")
-        return
+    def reached(self) -> None:
+        pass  # the window tells the progress as it reads
 
-
-def kind_of(obj: dict[str, Any]) -> str | None:
-    """The `kind` of an object, shown as text when it is not a string (never unhashable)."""
-    kind = obj.get("kind")
-    if kind is None:
-        return None
-    return kind[:60] if isinstance(kind, str) else shown(kind)
-
-
-def _watch_event(
-    text: _Window, event: dict[str, Any], *, line: int, start: int, end: int
-) -> _Found | None:
-    kind = event_type(event)
-    obj = event["object"]
-    if kind == "ERROR":
-        raise text.error(watch_error(obj), line=line, field="object")
-    if kind not in CHANGE_EVENTS:
-        return None  # BOOKMARK carries no pod; unknown types are skipped, as the API asks
-    return _as_pod(
-        text, obj, prefix="object", line=line, start=start, end=end, deleted=kind == "DELETED"
-    )
-
-
-def _as_pod(
-    text: _Window,
-    obj: object,
-    *,
-    prefix: str,
-    line: int,
-    start: int,
-    end: int,
-    deleted: bool = False,
-) -> _Found:
-    """`obj` if it is a Pod or a Node (`kind: Pod|Node`, or no kind but a pod spec: a raw
-    API list's items)."""
-    if not isinstance(obj, dict):
-        raise text.error(f"{EXPECTED}, got {json_type(obj)}", line=line, field=prefix or None)
-    try:
-        kind = object_kind(obj, prefix=prefix)
-    except InputError as e:
-        raise text.error(e.message, line=line, field=e.field) from None
-    return _Found(obj, prefix, line, start, end, deleted, kind)
-
-
-CHANGE_EVENTS = frozenset({"ADDED", "MODIFIED", "DELETED"})
-"""Watch event types that carry an object; BOOKMARK and unknown ones are skipped."""
-
-
-def event_type(event: dict[str, Any]) -> str:
-    """A watch event's `type`, shown as text when it is not a string."""
-    kind = event["type"]
-    return kind if isinstance(kind, str) else shown(kind)
-
-
-def watch_error(obj: object) -> str:
-    """The message for a watch stream's ERROR event (the API's Status, e.g. 410 Gone)."""
-    status = obj if isinstance(obj, dict) else {}
-    reason = " ".join(str(status[k])[:40] for k in ("code", "reason") if status.get(k))
-    message = str(status.get("message") or "no message")[:160]
-    return f"the watch stream reported an error: {reason + ': ' if reason else ''}{message}"
-
-
-def object_kind(obj: dict[str, Any], *, prefix: str) -> str:
-    """`Pod` or `Node`, else `InputError` (with only a message and a field) saying what it
-    is. An object without a kind is a Pod when it has a pod spec."""
-    field = f"{prefix}.kind" if prefix else "kind"
-    kind = kind_of(obj)
-    if kind is None:
-        spec = obj.get("spec")
-        if not (isinstance(spec, dict) and "containers" in spec):
-            raise InputError(f"{EXPECTED}, got an object without a kind", field=field)
-        return "Pod"
-    if kind not in OBJECT_KINDS:
-        raise InputError(f"{EXPECTED}, got kind={kind}", field=field)
-    return kind
+    def field_error(self, found: Found[Where], e: PodFieldError) -> InputError:
+        start, end = found.where
+        line = self.text.line_of_value(e.value, start, end) or found.line
+        return self.text.error(e.message, line=line, field=found.field_path(e.field))
 
 
 def json_type(value: object) -> str:
-    if isinstance(value, list):
-        return "an array"
-    if isinstance(value, str):
-        return "a string"
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    return "a number"
+    """What a JSON value is, as a message names it."""
+    return value_type(value, sequence="an array")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,15 +1,15 @@
 """Read `kubectl get pods|nodes -o yaml` files, manifests and `--watch -o yaml` streams.
 
-The same shapes as the JSON reader (`auditor.collect.kubectl_json`), in YAML documents
-separated by `---`: a `kind: List` (what `kubectl get pods -o yaml` writes), one Pod or Node
-per document (`kubectl get pod a b -o yaml`, hand-written manifests, a `--watch -o yaml`
-stream), or watch events (`--output-watch-events`). The records are those the JSON reader
-gives for the same objects.
+The same shapes as the JSON reader (`auditor.collect.kubectl_shapes` walks them for both),
+in YAML documents separated by `---`: a `kind: List` (what `kubectl get pods -o yaml`
+writes), one Pod or Node per document (`kubectl get pod a b -o yaml`, hand-written
+manifests, a `--watch -o yaml` stream), or watch events (`--output-watch-events`). The
+records are those the JSON reader gives for the same objects.
 
-The text is read as a stream of parser events (libyaml's, through PyYAML, when installed),
-never composed into a whole document: a list's items are built one at a time, so memory
-stays at one item. A YAML file can be hostile in ways JSON cannot, and each is refused with
-one line naming the file and the line:
+This module owns the tokenising: the text is read as a stream of parser events (libyaml's,
+through PyYAML, when installed), never composed into a whole document: a list's items are
+built one at a time, so memory stays at one item. A YAML file can be hostile in ways JSON
+cannot, and each is refused with one line naming the file and the line:
 
 - aliases (`*name`, the "billion laughs"): kubectl never writes them, so none is expanded;
   merge keys (`<<`) and tags other than YAML's own scalar, sequence and mapping tags too;
@@ -25,27 +25,15 @@ object names the field's own line.
 
 from __future__ import annotations
 
-import io
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import yaml  # type: ignore[import-untyped]
 
-from auditor.collect.kubectl_json import (
-    CHANGE_EVENTS,
-    EXPECTED,
-    LIST_KINDS,
-    KubectlRecord,
-    check_file,
-    event_type,
-    kind_of,
-    object_kind,
-    to_record,
-    watch_error,
-)
+from auditor.collect.kubectl_shapes import MAPPING, Found, KubectlRecord, read_records, value_type
 from auditor.errors import InputError, PodFieldError, shown
 from auditor.settings import Sharing, TeamRules
 
@@ -79,47 +67,15 @@ def read_kubectl_yaml(
     after each object. Raises `InputError` at once when the file does not exist, and while
     iterating for bad content.
     """
-    name = check_file(path)
-    return _records(
-        path, name=name, teams=teams, node_ms=node_ms, on_progress=on_progress, sharing=sharing
-    )
 
+    def tokens(stream: TextIO, name: str, position: Callable[[], int]) -> _Tokens:
+        return _Tokens(_Events(stream, name=name), on_progress=on_progress, position=position)
 
-def _records(
-    path: Path,
-    *,
-    name: str,
-    teams: TeamRules,
-    node_ms: int,
-    on_progress: Callable[[int], None] | None,
-    sharing: Sharing | None = None,
-) -> Iterator[KubectlRecord]:
-    try:
-        raw = path.open("rb")
-    except OSError as e:
-        raise InputError(f"cannot read: {e.strerror}", file=name) from e
-    with raw, io.TextIOWrapper(raw, encoding="utf-8-sig", newline=None) as stream:
-        events = _Events(stream, name=name)
-        for found in _objects(events):
-            if on_progress is not None:
-                on_progress(raw.tell())
-            try:
-                record = to_record(
-                    found.obj,
-                    kind=found.kind,
-                    teams=teams,
-                    deleted=found.deleted,
-                    node_ms=node_ms,
-                    sharing=sharing,
-                )
-            except PodFieldError as e:
-                raise _field_error(found, e, name=name) from e
-            if record is not None:
-                yield record
+    return read_records(path, tokens=tokens, teams=teams, node_ms=node_ms, sharing=sharing)
 
 
 # ---------------------------------------------------------------------------------------------
-# the shapes of kubectl output
+# the tokens of the shapes
 
 
 @dataclass(slots=True)
@@ -132,113 +88,96 @@ class _Built:
     plain: dict[tuple[int, object], str] = field(default_factory=dict)
 
 
-@dataclass(frozen=True, slots=True)
-class _Found:
-    obj: dict[str, Any]
-    kind: str
-    prefix: str
-    line: int
-    built: _Built
-    deleted: bool = False
+class _Tokens:
+    """The documents of a YAML event stream, as the walk of kubectl's shapes takes them:
+    one top-level mapping at a time, its keys one by one, a list's items one at a time,
+    each value built with the line of every key and item (`_Built`)."""
 
+    format = "yaml"
+    sequence = "a sequence"
 
-def _objects(events: _Events) -> Iterator[_Found]:
-    """The Pods and Nodes of every document, in order. A file without a document is refused,
-    as the JSON reader refuses an empty file; an empty document (a stray `---`) is skipped."""
-    documents = 0
-    events.expect(yaml.StreamStartEvent)
-    while not isinstance(events.peek(), yaml.StreamEndEvent):
-        events.expect(yaml.DocumentStartEvent)
-        first = events.peek()
-        line = events.line(first)
-        if isinstance(first, yaml.MappingStartEvent):
-            documents += 1
-            yield from _top_mapping(events, line)
-        else:
-            built = _build(events)
-            if built.value is not None:
-                got = _yaml_type(built.value)
-                raise InputError(f"{EXPECTED}, got {got}", file=events.name, line=line)
-        events.expect(yaml.DocumentEndEvent)
-    events.expect(yaml.StreamEndEvent)
-    if documents == 0:
-        raise InputError(
-            "the file is empty: expected the output of `kubectl get pods -A -o yaml`",
-            file=events.name,
-            line=1,
-        )
+    def __init__(
+        self,
+        events: _Events,
+        *,
+        on_progress: Callable[[int], None] | None,
+        position: Callable[[], int],
+    ) -> None:
+        self.name = events.name
+        self.events = events
+        self._on_progress = on_progress
+        self._position = position
+        self._head: dict[str, Any] = {}
+        self._built = _Built(self._head)
+        self._counter = _Counter(events)
+        self._key_line = 1
 
+    def documents(self) -> Iterator[tuple[int, object]]:
+        """Every document's first line and value; an empty one (a stray `---`) is skipped."""
+        events = self.events
+        events.expect(yaml.StreamStartEvent)
+        while not isinstance(events.peek(), yaml.StreamEndEvent):
+            events.expect(yaml.DocumentStartEvent)
+            first = events.peek()
+            line = events.line(first)
+            if isinstance(first, yaml.MappingStartEvent):
+                yield line, MAPPING
+            else:
+                built = _build(events)
+                if built.value is not None:
+                    yield line, built.value
+            events.expect(yaml.DocumentEndEvent)
+        events.expect(yaml.StreamEndEvent)
 
-def _top_mapping(events: _Events, line: int) -> Iterator[_Found]:
-    """One document's mapping. A list's `items` are built and yielded one by one; anything
-    else (a pod, a watch event, the list's own keys) is small and built whole."""
-    events.expect(yaml.MappingStartEvent)
-    head: dict[str, Any] = {}
-    built = _Built(head)
-    counter = _Counter(events)
-    streamed = False
-    while not isinstance(events.peek(), yaml.MappingEndEvent):
-        key_line = events.line(events.peek())
-        key = _key(events, prefix="")
-        if key == "items" and not streamed and isinstance(events.peek(), yaml.SequenceStartEvent):
-            kind = kind_of(head)
-            if kind is not None and kind not in LIST_KINDS:
-                raise events.error(f"{EXPECTED}, got kind={kind}", line=line, field="kind")
-            streamed = True
-            yield from _items(events)
-            continue
-        head[key] = _value(events, built, counter, depth=1)
-        built.lines.setdefault(id(head), {})[key] = key_line
-    events.expect(yaml.MappingEndEvent)
-    kind = kind_of(head)
-    if streamed or kind in LIST_KINDS or "items" in head:
-        if kind is not None and kind not in LIST_KINDS:
-            raise events.error(f"{EXPECTED}, got kind={kind}", line=line, field="kind")
-        if head.get("items") is not None:
-            raise events.error("must be a list", line=line, field="items")
-        return
-    if "type" in head and "object" in head:
-        event = _watch_event(events, head, built, line=line)
-        if event is not None:
-            yield event
-        return
-    yield _as_object(events, head, built, prefix="", line=line)
+    def open_mapping(self, head: dict[str, Any]) -> None:
+        self.events.expect(yaml.MappingStartEvent)
+        self._head = head
+        self._built = _Built(head)
+        self._counter = _Counter(self.events)
 
+    def key(self) -> str | None:
+        event = self.events.peek()
+        if isinstance(event, yaml.MappingEndEvent):
+            return None
+        self._key_line = self.events.line(event)
+        return _key(self.events, prefix="")
 
-def _items(events: _Events) -> Iterator[_Found]:
-    events.expect(yaml.SequenceStartEvent)
-    i = 0
-    while not isinstance(events.peek(), yaml.SequenceEndEvent):
-        line = events.line(events.peek())
-        built = _Built()
-        built.value = _value(events, built, _Counter(events), depth=2)
-        yield _as_object(events, built.value, built, prefix=f"items[{i}]", line=line)
-        i += 1
-    events.expect(yaml.SequenceEndEvent)
+    def at_sequence(self) -> bool:
+        return isinstance(self.events.peek(), yaml.SequenceStartEvent)
 
+    def value(self, key: str) -> Any:
+        value = _value(self.events, self._built, self._counter, depth=1)
+        self._built.lines.setdefault(id(self._head), {})[key] = self._key_line
+        return value
 
-def _watch_event(
-    events: _Events, event: dict[str, Any], built: _Built, *, line: int
-) -> _Found | None:
-    kind = event_type(event)
-    obj = event["object"]
-    if kind == "ERROR":
-        raise events.error(watch_error(obj), line=line, field="object")
-    if kind not in CHANGE_EVENTS:
-        return None  # BOOKMARK carries no object; unknown types are skipped, as the API asks
-    found = _as_object(events, obj, built, prefix="object", line=line)
-    return _Found(found.obj, found.kind, found.prefix, line, built, deleted=kind == "DELETED")
+    def items(self) -> Iterator[tuple[Any, int, _Built]]:
+        events = self.events
+        events.expect(yaml.SequenceStartEvent)
+        while not isinstance(events.peek(), yaml.SequenceEndEvent):
+            line = events.line(events.peek())
+            built = _Built()
+            built.value = _value(events, built, _Counter(events), depth=2)
+            yield built.value, line, built
+        events.expect(yaml.SequenceEndEvent)
 
+    def close_mapping(self) -> _Built:
+        self.events.expect(yaml.MappingEndEvent)
+        return self._built
 
-def _as_object(events: _Events, obj: object, built: _Built, *, prefix: str, line: int) -> _Found:
-    if not isinstance(obj, dict):
-        got = _yaml_type(obj)
-        raise events.error(f"{EXPECTED}, got {got}", line=line, field=prefix or None)
-    try:
-        kind = object_kind(obj, prefix=prefix)
-    except InputError as e:
-        raise events.error(e.message, line=line, field=e.field) from None
-    return _Found(obj, kind, prefix, line, built)
+    def reached(self) -> None:
+        if self._on_progress is not None:
+            self._on_progress(self._position())
+
+    def field_error(self, found: Found[_Built], e: PodFieldError) -> InputError:
+        """The error at the field's line where it can be found, with a hint when YAML read
+        an unquoted value as a boolean or a number."""
+        line, plain = _locate(found.where, found.obj, e.field or "")
+        message = e.message
+        if plain is not None and isinstance(e.value, bool | int | float):
+            message += (
+                f" (YAML reads the unquoted {shown(plain, 30)} as {_yaml_type(e.value)}: quote it)"
+            )
+        return self.events.error(message, line=line or found.line, field=found.field_path(e.field))
 
 
 def _cut(text: object, limit: int) -> str:
@@ -248,15 +187,7 @@ def _cut(text: object, limit: int) -> str:
 
 
 def _yaml_type(value: object) -> str:
-    if isinstance(value, list):
-        return "a sequence"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, bool):
-        return "a boolean"
-    if value is None:
-        return "null"
-    return "a number"
+    return value_type(value, sequence="a sequence")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -401,7 +332,7 @@ def _key(events: _Events, *, prefix: str | None) -> str:
 class _Events:
     """PyYAML's parser events with one of look-ahead; parser errors become `InputError`."""
 
-    def __init__(self, stream: io.TextIOWrapper, *, name: str) -> None:
+    def __init__(self, stream: TextIO, *, name: str) -> None:
         self.name = name
         self._parser = Loader(stream)
         self._last_line = 1
@@ -474,20 +405,7 @@ class _Events:
 
 
 # ---------------------------------------------------------------------------------------------
-# where a field error is
-
-
-def _field_error(found: _Found, e: PodFieldError, *, name: str) -> InputError:
-    """The error of a field inside an object, at the field's line where it can be found,
-    with a hint when YAML read an unquoted value as a boolean or a number."""
-    field_path = f"{found.prefix}.{e.field}" if found.prefix else e.field
-    line, plain = _locate(found.built, found.obj, e.field or "")
-    message = e.message
-    if plain is not None and isinstance(e.value, bool | int | float):
-        message += (
-            f" (YAML reads the unquoted {shown(plain, 30)} as {_yaml_type(e.value)}: quote it)"
-        )
-    return InputError(message, file=name, line=line or found.line, field=field_path)
+# where a field is
 
 
 def _locate(built: _Built, obj: Any, path: str) -> tuple[int | None, str | None]:

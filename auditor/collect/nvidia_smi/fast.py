@@ -1,0 +1,327 @@
+"""The fast path: a chunk of plain lines parsed vectorised, column by column, with numpy.
+
+Plain lines are those nvidia-smi writes: ASCII, one space after each comma, units where the
+header says, timestamps `YYYY/MM/DD HH:MM:SS.mmm`, the header repeated as it was. Anything
+else, a bad cell included, makes `fast_block` give the chunk up (`Slow`), with the book of
+cards as it was, for the row parser to read from the same state: it gives the same values
+or the one-line error with its line and field. The layout, clock and book of cards are
+the caller's, given as arguments.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from auditor.collect.nvidia_smi.blocks import SampleBlock
+from auditor.collect.nvidia_smi.cells import HEX, BadCell, first_text, gpu_index, is_missing
+from auditor.collect.nvidia_smi.clock import EARLIEST_MS, LocalClock
+from auditor.collect.nvidia_smi.layout import MEMORY_TOTAL, POWER, SM_CLOCK, TEMPERATURE, Layout
+from auditor.collect.nvidia_smi.rows import Cards, identity
+from auditor.model import GpuRecord
+
+_UNPLAIN_BYTES = bytes([*range(0x0A), *range(0x0B, 0x20), 0x7F, ord('"')])
+"""Bytes the fast path leaves to the row parser: controls (a tab among them), quotes."""
+_TS_WIDTH = 23
+"""`YYYY/MM/DD HH:MM:SS.mmm`, the only timestamp form the fast path reads."""
+_TS_DIGITS = np.array([i for i in range(_TS_WIDTH) if i not in (4, 7, 10, 13, 16, 19)])
+_TS_SEPARATORS = np.array([4, 7, 10, 13, 16, 19])
+_TS_SEPARATOR_BYTES = np.frombuffer(b"// ::.", np.uint8)
+_NUMERIC: tuple[tuple[str, tuple[str, ...], str], ...] = (
+    ("util", ("utilization.gpu",), "%"),
+    ("memory_used_mib", ("memory.used",), "MiB"),
+    ("memory_total_mib", MEMORY_TOTAL, "MiB"),
+    ("power_w", POWER, "W"),
+    ("sm_clock_mhz", SM_CLOCK, "MHz"),
+    ("temperature_c", TEMPERATURE, "C"),
+)
+
+
+class Slow(Exception):
+    """The chunk is not plain: the row parser reads it."""
+
+
+def fast_block(
+    data: bytes,
+    *,
+    layout: Layout,
+    header: bytes | None,
+    first_line: int,
+    clock: LocalClock,
+    cards: Cards,
+) -> SampleBlock:
+    """The complete lines `data`, whose first is file line `first_line`, parsed vectorised
+    under `layout`, with the header line `header` (as the file writes it) skipped where it
+    is repeated; `Slow`, with `clock` and `cards` as they were, to leave them to the row
+    parser."""
+    if len(layout.uuid) > 1 or len(layout.pci) > 1 or len(layout.name) > 1:
+        raise Slow
+    if len(layout.throttle) > 1 or len(layout.temperature) > 1:
+        raise Slow
+    if b"\r" in data:
+        data = data.replace(b"\r\n", b"\n")
+        if b"\r" in data:
+            raise Slow
+    if not data.isascii():
+        raise Slow
+    body = b"\n" + data
+    if header is not None:
+        line = b"\n" + header + b"\n"
+        while line in body:
+            body = body.replace(line, b"\n")
+    while b"\n\n" in body:
+        body = body.replace(b"\n\n", b"\n")
+    body = body[1:]
+    if not body:
+        raise Slow
+    if len(body.translate(None, _UNPLAIN_BYTES)) != len(body):
+        raise Slow
+    buf = np.frombuffer(body, np.uint8)
+    ends = np.flatnonzero(buf == 10)
+    n = len(ends)
+    k = len(layout.names)
+    commas: npt.NDArray[Any] = np.flatnonzero(buf == 44)
+    if len(commas) != n * (k - 1):
+        raise Slow
+    commas = commas.reshape(n, k - 1)
+    if (
+        k > 1
+        and not (np.searchsorted(ends, commas[:, 0]) == np.searchsorted(ends, commas[:, -1])).all()
+    ):
+        raise Slow
+    if k > 1 and (commas[1:, 0] < ends[:-1]).any():
+        raise Slow
+    starts = np.empty(n, np.intp)
+    starts[0] = 0
+    starts[1:] = ends[:-1] + 1
+    # cell j spans [cell_start[:, j], cell_end[:, j]): after ", " or ",", up to "," or "\n"
+    cell_start = np.empty((n, k), np.intp)
+    cell_end = np.empty((n, k), np.intp)
+    cell_start[:, 0] = starts
+    if k > 1:
+        after = commas + 1
+        cell_start[:, 1:] = after + (buf[after] == 32)
+        cell_end[:, :-1] = commas
+    cell_end[:, -1] = ends
+    # empty cells, and cells with spaces the one after each comma does not explain
+    if (cell_end <= cell_start).any() or (buf[cell_start] == 32).any():
+        raise Slow
+    if (buf[cell_end - 1] == 32).any():
+        raise Slow
+
+    numeric_columns: dict[int, str] = {}
+    for _, names, unit in _NUMERIC:
+        for name in names:
+            column = layout.names.index(name) if name in layout.names else None
+            if column is not None and column not in numeric_columns:
+                numeric_columns[column] = unit
+    text_columns = sorted(
+        {
+            c
+            for c in (*layout.uuid, *layout.pci, *layout.name, *layout.throttle)
+            if c not in numeric_columns
+        }
+        | ({layout.index} if layout.index is not None else set())
+    )
+    if layout.timestamp in numeric_columns or layout.timestamp in text_columns:
+        raise Slow
+    values: dict[int, npt.NDArray[np.float64]] = {
+        column: _fast_numbers(buf, cell_start[:, column], cell_end[:, column], unit=unit)
+        for column, unit in numeric_columns.items()
+    }
+    util = values[layout.util]
+    if (util > 100).any():
+        raise Slow
+    ts_ms = _fast_timestamps(
+        clock, buf, cell_start[:, layout.timestamp], cell_end[:, layout.timestamp]
+    )
+    # GPU facts: one record per distinct combination of the identity cells
+    key_columns = [*text_columns]
+    throttle = layout.throttle[0] if layout.throttle else None
+    id_columns = [c for c in key_columns if c != throttle]
+    keys = [_cell_bytes(buf, cell_start[:, c], cell_end[:, c]) for c in id_columns]
+    if layout.memory_total:
+        keys.append(values[layout.memory_total[0]].view(np.uint8).reshape(n, 8))
+    if keys:
+        groups, firsts = _first_seen(np.hstack(keys) if len(keys) > 1 else keys[0])
+    else:
+        groups = np.zeros(n, np.intp)
+        firsts = np.zeros(1, np.intp)
+    row_lines: list[int] | None = None
+    records: list[GpuRecord] = []
+    checkpoint = cards.checkpoint()
+    try:
+        for first_row in firsts.tolist():
+            cells = [""] * k
+            for c in text_columns:
+                cells[c] = body[cell_start[first_row, c] : cell_end[first_row, c]].decode()
+            total = values[layout.memory_total[0]][first_row] if layout.memory_total else math.nan
+            index = gpu_index(cells, layout.index)
+            uuid, index = identity(cells, layout, index, node=cards.node)
+            model = first_text(cells, layout.name)
+            fact = (uuid, index, model, None if math.isnan(total) else float(total))
+            record = cards.known(fact)
+            if record is None:
+                if row_lines is None:
+                    row_lines = _data_lines(data, header, start=first_line)
+                    if len(row_lines) != n:
+                        raise Slow
+                record = cards.admit(fact, line=row_lines[first_row], layout=layout)
+            records.append(record)
+    except (BadCell, Slow):
+        cards.roll_back(checkpoint)
+        raise Slow from None
+    columns: dict[str, npt.NDArray[Any]] = {}
+    for sample_name, names, _ in _NUMERIC:
+        present = [layout.names.index(n) for n in names if n in layout.names]
+        if not present:
+            continue
+        value = values[present[0]].copy()
+        for column in present[1:]:
+            value = np.where(np.isnan(value), values[column], value)
+        columns[sample_name] = value
+    if throttle is not None:
+        matrix = _cell_bytes(buf, cell_start[:, throttle], cell_end[:, throttle])
+        texts, inverse = np.unique(matrix.view(f"S{matrix.shape[1]}").ravel(), return_inverse=True)
+        reasons: list[str | None] = []
+        for cell in (t.decode() for t in texts.tolist()):
+            if is_missing(cell):
+                reasons.append(None)
+            elif HEX.fullmatch(cell):
+                reasons.append(cell)
+            else:
+                raise Slow
+        columns["throttle_reasons"] = np.array(reasons, dtype=object)[inverse.ravel()]
+    latest = int(ts_ms.max())
+    if clock.latest_ms is None or latest > clock.latest_ms:
+        clock.latest_ms = latest
+    return SampleBlock(records, groups.astype(np.intp), ts_ms, columns)
+
+
+def _fast_numbers(
+    buf: npt.NDArray[np.uint8],
+    start: npt.NDArray[np.intp],
+    end: npt.NDArray[np.intp],
+    *,
+    unit: str,
+) -> npt.NDArray[np.float64]:
+    """The values of number cells (`38 %`, `28.16 W`, `575`), NaN for a missing reading
+    (`[...]`, `N/A`); `Slow` for any other form: a sign, an exponent, more than 15
+    digits. The value is the digits as an integer over a power of ten, both exact, so
+    the division rounds as `float()` of the text does."""
+    first = buf[start]
+    last = len(buf) - 1
+    missing = ((first == 91) & (buf[end - 1] == 93)) | (
+        (end - start == 3)
+        & (first == 78)
+        & (buf[np.minimum(start + 1, last)] == 47)
+        & (buf[np.minimum(start + 2, last)] == 65)
+    )
+    token = np.frombuffer(b" " + unit.encode(), np.uint8)
+    at = end[:, None] - len(token) + np.arange(len(token))
+    has_unit = (buf[at] == token).all(axis=1) & (end - len(token) > start)
+    end = np.where(has_unit & ~missing, end - len(token), end)
+    width = np.where(missing, 0, end - start)
+    widest = int(width.max())
+    if widest > 16:
+        raise Slow
+    if widest == 0:
+        return np.full(len(start), np.nan)
+    # right-aligned: positions before the cell are leading zeros, which change nothing
+    at = end[:, None] - widest + np.arange(widest)
+    pad = at < (end - width)[:, None]
+    chars = np.where(pad, 48, buf[np.maximum(at, 0)])
+    is_dot = chars == 46
+    digit = chars.astype(np.int64) - 48
+    is_digit = (digit >= 0) & (digit <= 9)
+    if not (is_digit | is_dot).all():
+        raise Slow
+    dots = is_dot.sum(axis=1)
+    digits = (is_digit & ~pad).sum(axis=1)
+    if (dots > 1).any() or ((digits == 0) & ~missing).any() or (digits > 15).any():
+        raise Slow
+    right = widest - 1 - np.arange(widest)  # places to the right of each position
+    dot_at = np.where(dots > 0, widest - 1 - np.argmax(is_dot, axis=1), -1)
+    decimals = np.maximum(dot_at, 0)
+    places = right[None, :] - ((right[None, :] > dot_at[:, None]) & (dot_at >= 0)[:, None])
+    mantissa = (np.where(is_dot, 0, digit) * 10**places).sum(axis=1)
+    value: npt.NDArray[np.float64] = mantissa / (10.0**decimals)
+    value[missing] = np.nan
+    return value
+
+
+def _cell_bytes(
+    buf: npt.NDArray[np.uint8], start: npt.NDArray[np.intp], end: npt.NDArray[np.intp]
+) -> npt.NDArray[np.uint8]:
+    """The cells as rows of bytes, NUL-padded to the widest (a plain chunk has no NUL)."""
+    width = end - start
+    widest = int(width.max())
+    at = np.arange(widest)
+    if (width == widest).all():
+        same: npt.NDArray[np.uint8] = buf[start[:, None] + at]
+        return same
+    inside = at < width[:, None]
+    matrix: npt.NDArray[np.uint8] = np.where(
+        inside, buf[np.where(inside, start[:, None] + at, 0)], 0
+    )
+    return matrix.astype(np.uint8)
+
+
+def _first_seen(keys: npt.NDArray[np.uint8]) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]:
+    """The group of each row of `keys` (rows of bytes), numbered in order of first
+    appearance, and the first row of each group."""
+    rows = np.ascontiguousarray(keys).view(np.dtype((np.void, keys.shape[1]))).ravel()
+    _, first, inverse = np.unique(rows, return_index=True, return_inverse=True)
+    order = np.argsort(first, kind="stable")
+    rank = np.empty(len(order), np.intp)
+    rank[order] = np.arange(len(order))
+    return rank[inverse.ravel()], first[order]
+
+
+def _data_lines(data: bytes, header: bytes | None, *, start: int) -> list[int]:
+    """The file line of each data row of a plain chunk whose first line is `start`."""
+    lines = data.split(b"\n")[:-1]
+    return [start + i for i, line in enumerate(lines) if line and line != header]
+
+
+def _fast_timestamps(
+    clock: LocalClock,
+    buf: npt.NDArray[np.uint8],
+    start: npt.NDArray[np.intp],
+    end: npt.NDArray[np.intp],
+) -> npt.NDArray[np.int64]:
+    """Epoch ms UTC of `YYYY/MM/DD HH:MM:SS.mmm` cells, each minute's offset worked out
+    once; `Slow` for any other form, a time outside the clock's bounds, or a minute that
+    is skipped or repeated by a change of the clocks (the row parser reads those)."""
+    if ((end - start) != _TS_WIDTH).any():
+        raise Slow
+    chars = buf[start[:, None] + np.arange(_TS_WIDTH)]
+    if not (chars[:, _TS_SEPARATORS] == _TS_SEPARATOR_BYTES).all():
+        raise Slow
+    d = chars[:, _TS_DIGITS].astype(np.int64) - 48
+    if ((d < 0) | (d > 9)).any():
+        raise Slow
+    year = d[:, 0] * 1000 + d[:, 1] * 100 + d[:, 2] * 10 + d[:, 3]
+    key = year * 100_000_000 + (d[:, 4] * 10 + d[:, 5]) * 1_000_000
+    key += (d[:, 6] * 10 + d[:, 7]) * 10_000 + (d[:, 8] * 10 + d[:, 9]) * 100
+    key += d[:, 10] * 10 + d[:, 11]
+    seconds = d[:, 12] * 10 + d[:, 13]
+    if (seconds > 59).any():
+        raise Slow
+    millis = d[:, 14] * 100 + d[:, 15] * 10 + d[:, 16]
+    minutes, inverse = np.unique(key, return_inverse=True)
+    utc_minute = np.empty(len(minutes), np.int64)
+    for i, minute_key in enumerate(minutes.tolist()):
+        offsets = clock.offsets(minute_key)
+        if offsets is None:
+            raise Slow
+        utc_minute[i] = offsets
+    utc: npt.NDArray[np.int64] = utc_minute[inverse] + seconds * 1000 + millis
+    if utc.min() < EARLIEST_MS or (
+        clock.not_after_ms is not None and utc.max() > clock.not_after_ms
+    ):
+        raise Slow
+    return utc
