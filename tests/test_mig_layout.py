@@ -158,6 +158,19 @@ CASES: dict[str, tuple[Story, dict[tuple[str | None, str], float]]] = {
             (None, "unallocated"): 0.5,
         },
     ),
+    # MIG off for half an hour between two lives of an instance with the same GPU_I_ID: the
+    # instance's gap is no slice of it (the card reports as a whole card), z gets all of it.
+    "1g -> whole card -> the same 1g again": (
+        Story(
+            [ONE, "whole", ONE],
+            util={"gi1": 0.0, "P": 100.0},
+            holders={"P": ("z", HALF, H)},
+        ),
+        {
+            ("z", "busy"): 0.5,
+            (None, "unallocated"): 1.0,
+        },
+    ),
     # The card says nothing while MIG is on and empty (no series at all): that half hour is
     # unobserved, never a slice of anyone's.
     "whole card -> nothing reports -> one 1g": (
