@@ -50,11 +50,18 @@ class Card:
     exports nothing outside these spans. Empty: `hostname` always."""
     only: frozenset[str] | None = None
     """The metrics this card exports (a MIG instance: GR_ENGINE_ACTIVE only); None: all."""
+    when: Mapping[str, Sequence[tuple[int, int]]] = field(default_factory=dict)
+    """Metric -> the [start_s, end_s) spans it is exported in (a card whose MIG mode goes on
+    stops exporting GPU_UTIL); a metric not named: whenever the card exports."""
 
     def hostname_at(self, t: int) -> str | None:
         if not self.hostnames:
             return self.hostname
         return next((h for start, end, h in self.hostnames if start <= t < end), None)
+
+    def exports_at(self, metric: str, t: int) -> bool:
+        spans = self.when.get(metric)
+        return spans is None or any(start <= t < end for start, end in spans)
 
     def exports(self, metric: str) -> bool:
         if self.only is not None:
@@ -110,7 +117,7 @@ def write_dcgm_openmetrics(
             if not card.exports(name):
                 continue
             for t in range(start_s, end_s, interval_s):
-                if card.hostname_at(t) is None:
+                if card.hostname_at(t) is None or not card.exports_at(name, t):
                     continue
                 out.write(f"{name}{{{card.labels(t)}}} {value(card, t):g} {t}\n")
                 lines += 1

@@ -5,11 +5,15 @@ of division reach the classifier:
 
 - **MIG.** Each instance is a GPU of its own in the samples, with its own utilisation
   (relative to the instance). It is classified as an exclusive card and every second of it
-  is weighted by its share of the physical card (`auditor.classify.mig`: compute slices
-  / 7, or / 4 on an A30). The slices no instance was carved from are the parent card's,
-  weighted by what is left, and held by nobody: `unallocated` where observed. A parent that
-  reports no samples of its own (nvidia-smi shows no utilisation for a MIG-enabled card)
-  stands on the samples of its busiest-sampled instance, with unreadable utilisation.
+  is weighted by the share of the physical card it holds *then* (`auditor.classify.mig`:
+  compute slices / 7, or / 4 on an A30, over the card's layout in time; its samples are cut
+  where that share changes). The physical card itself becomes pseudo-samples over its whole
+  observed span, one per stretch of its layout, weighted by what the instances present leave:
+  1 where none is (MIG off: its own samples, pods holding it whole, are classified as on any
+  card; MIG on and empty: `unallocated`), the uncarved slices beside instances, held by
+  nobody: `unallocated` where a sample of the card or of an instance covers the stretch,
+  else `unobserved`. A card that reports no samples of its own (nvidia-smi and dcgm-exporter
+  show no utilisation for a MIG-enabled card) has unreadable utilisation there.
 - **Tenures with a share** (time-slicing and MPS replicas, HAMi, Run:ai fractions,
   gpu-milli; `share` < 1 in the tenures, NaN where unknown). Each such card is cut into
   pseudo-samples at its samples and at every tenure boundary, so that the set of tenants is
@@ -51,7 +55,7 @@ import pandas as pd
 
 from auditor.classify.arrays import BoolArr, FloatArr, IntArr, ObjArr
 from auditor.classify.coverage import SampleTable
-from auditor.classify.mig import card_weights
+from auditor.classify.mig import Layout, layouts, state, weight_at
 from auditor.model import Window
 
 SEP = "\x1f"
@@ -192,21 +196,19 @@ def expand(
     """The sample table and tenures with shared cards expanded (module docstring), or None
     where no card is shared or partitioned. `force` names cards to expand although every
     tenure on them holds the whole card (tests compare that with the exclusive path)."""
-    weights, children = card_weights(cards)
     index = {str(u): i for i, u in enumerate(st.uuids.tolist())}
-    weights = {u: w for u, w in weights.items() if u in index or u in children}
+    lays = layouts(st, cards)
+    kid_of = {k: (lay, i) for lay in lays.values() for i, k in enumerate(lay.kids)}
     forced = set(force)
     shared_rows: dict[int, list[int]] = {}
     if len(tenures) and "share" in tenures.columns:
         mask = is_shared(tenures["share"]).to_numpy() | tenures["gpu"].isin(forced).to_numpy()
         sharing_cards = set(tenures.loc[mask, "gpu"].astype(str))
         gpu_col = tenures["gpu"].astype(str).tolist()
-        for row, uuid in enumerate(gpu_col):
+        for t_row, uuid in enumerate(gpu_col):
             if uuid in sharing_cards and uuid in index:
-                shared_rows.setdefault(index[uuid], []).append(row)
-    synthesize = [p for p, kids in children.items() if p not in index and weights.get(p, 0) > 0]
-    synthesize = [p for p in synthesize if any(k in index for k in children[p])]
-    if not shared_rows and not synthesize and all(w == 1.0 for w in weights.values()):
+                shared_rows.setdefault(index[uuid], []).append(t_row)
+    if not shared_rows and not lays:
         return None
 
     starts: IntArr = (
@@ -229,35 +231,54 @@ def expand(
     for g in range(st.n_gpus):
         a, b = int(bounds[g]), int(bounds[g + 1])
         uuid = str(st.uuids[g])
-        w = weights.get(uuid, 1.0)
         sl = slice(a, b)
+        # the share of its physical card this card holds over time (SPEC §7, MIG)
+        lay: Layout | None = lays.get(uuid)
+        row: int | None = None
+        if lay is None and uuid in kid_of:
+            lay, row = kid_of[uuid]
+        cuts = np.zeros(0, dtype=np.int64)
+        if lay is not None:
+            cuts = _weight_changes(lay, row, lo=int(st.first[g]), hi=int(st.last_end[g]))
         if g not in shared_rows:
-            util = st.util[sl]
+            if lay is not None and row is None:
+                blocks.add(g, **_card_block(lay, st, g, bounds, throttle))
+                continue
+            own: dict[str, np.ndarray] = {
+                "ts": st.ts[sl],
+                "util": st.util[sl],
+                "cov_end": st.cov_end[sl],
+                "span_end": st.span_end[sl],
+                "throttle": throttle[sl],
+            }
+            if cuts.size:
+                own = _cut(own, cuts, last_end=int(st.last_end[g]))
+            w = 1.0 if lay is None else weight_at(lay, row, own["ts"])
             blocks.add(
                 g,
-                ts=st.ts[sl],
-                util=util,
-                cov_end=st.cov_end[sl],
-                span_end=st.span_end[sl],
-                throttle=throttle[sl],
-                busy=util / 100.0 * w,
-                idle=np.full(b - a, w),
-                covered=np.full(b - a, w),
-                gap=np.full(b - a, w),
-                estimated=np.zeros(b - a, dtype=np.bool_),
+                ts=own["ts"],
+                util=own["util"],
+                cov_end=own["cov_end"],
+                span_end=own["span_end"],
+                throttle=own["throttle"],
+                busy=own["util"] / 100.0 * w,
+                idle=np.full(own["ts"].size, 1.0) * w,
+                covered=np.full(own["ts"].size, 1.0) * w,
+                gap=np.full(own["ts"].size, 1.0) * w,
+                estimated=np.zeros(own["ts"].size, dtype=np.bool_),
             )
             continue
         tenants = []
-        for row in shared_rows[g]:
-            rec = tenures.iloc[row]
+        for t_row in shared_rows[g]:
+            rec = tenures.iloc[t_row]
             start = max(int(rec["start_ms"]), int(st.first[g]))
             end = min(int(rec["end_ms"]), int(st.last_end[g]))
             if end <= start:
-                dropped_rows.append(row)
+                dropped_rows.append(t_row)
                 continue
             share = float(rec["share"]) if pd.notna(rec["share"]) else math.nan
-            tenants.append(_Tenant(row, str(rec["pod_uid"]), start, end, share))
-            moved_rows.append(row)
+            tenants.append(_Tenant(t_row, str(rec["pod_uid"]), start, end, share))
+            moved_rows.append(t_row)
         free, virtual, over = _split_card(
             uuid=uuid,
             ts=st.ts[sl],
@@ -269,8 +290,10 @@ def expand(
             tenants=tenants,
             by_tenant=by_tenant,
             window=window,
+            more_cuts=cuts,
         )
         over_rows += over
+        w_free = 1.0 if lay is None else weight_at(lay, row, free["ts"])
         blocks.add(
             g,
             ts=free["ts"],
@@ -278,46 +301,29 @@ def expand(
             cov_end=free["cov_end"],
             span_end=free["span_end"],
             throttle=free["throttle"],
-            busy=free["busy"] * w,
+            busy=free["busy"] * w_free,
             idle=np.zeros(free["ts"].size),
-            covered=free["covered"] * w,
-            gap=free["gap"] * w,
+            covered=free["covered"] * w_free,
+            gap=free["gap"] * w_free,
             estimated=np.zeros(free["ts"].size, dtype=np.bool_),
         )
         for tenant, arrays in virtual:
             key = f"{uuid}{SEP}{tenant.pod}{SEP}{tenant.start}"
             physical[key] = uuid
             replaced[tenant.row] = key
+            w_t = 1.0 if lay is None else weight_at(lay, row, arrays["ts"])
             for name in ("busy", "idle", "covered", "gap"):
-                arrays[name] = arrays[name] * w
+                arrays[name] = arrays[name] * w_t
             virtual_blocks.append((key, arrays))
             extra_keys.append(key)
             extra_period.append(int(st.period[g]))
 
-    for parent in synthesize:
-        kids = [index[k] for k in children[parent] if k in index]
-        best = max(kids, key=lambda k: (int(bounds[k + 1] - bounds[k]), -k))
-        a, b = int(bounds[best]), int(bounds[best + 1])
-        w = weights[parent]
-        virtual_blocks.append(
-            (
-                parent,
-                {
-                    "ts": st.ts[a:b],
-                    "util": np.full(b - a, np.nan),
-                    "cov_end": st.cov_end[a:b],
-                    "span_end": st.span_end[a:b],
-                    "throttle": np.full(b - a, -1, dtype=np.int64),
-                    "busy": np.zeros(b - a),
-                    "idle": np.zeros(b - a),
-                    "covered": np.full(b - a, w),
-                    "gap": np.full(b - a, w),
-                    "estimated": np.zeros(b - a, dtype=np.bool_),
-                },
-            )
-        )
-        extra_keys.append(parent)
-        extra_period.append(int(st.period[best]))
+    for card, lay in lays.items():  # a card that reports nothing of its own (MIG on)
+        if card in index:
+            continue
+        virtual_blocks.append((card, _card_block(lay, st, None, bounds, throttle)))
+        extra_keys.append(card)
+        extra_period.append(int(min(st.period[index[k]] for k in lay.kids)))
 
     n0 = st.n_gpus
     for i, (_key, arrays) in enumerate(virtual_blocks):
@@ -352,6 +358,63 @@ def expand(
     )
     over_frame = pd.DataFrame(over_rows, columns=["gpu", "start_ms", "end_ms", "seconds", "detail"])
     return Expanded(samples, new_tenures, scale, physical, over_frame)
+
+
+def _weight_changes(lay: Layout, row: int | None, *, lo: int, hi: int) -> IntArr:
+    """The instants in (lo, hi) where the share a card of `lay` holds changes: where its
+    samples must be cut so that each piece has one share. None where it never changes."""
+    inside = lay.points[(lay.points > lo) & (lay.points < hi)]
+    if inside.size == 0:
+        return inside
+    before = weight_at(lay, row, inside - 1)
+    after = weight_at(lay, row, inside)
+    out: IntArr = inside[before != after]
+    return out
+
+
+def _cut(arrays: dict[str, np.ndarray], cuts: IntArr, *, last_end: int) -> dict[str, np.ndarray]:
+    """A card's samples as pseudo-samples cut at `cuts` (each piece as its sample says)."""
+    ts = arrays["ts"]
+    points = np.union1d(ts, cuts[(cuts > ts[0]) & (cuts < last_end)]).astype(np.int64)
+    parent = np.searchsorted(ts, points, side="right") - 1
+    ends = np.append(points[1:], last_end).astype(np.int64)
+    cov_end = np.minimum(np.maximum(arrays["cov_end"][parent], points), ends)
+    return {
+        "ts": points,
+        "util": arrays["util"][parent],
+        "cov_end": cov_end,
+        "span_end": ends,
+        "throttle": arrays["throttle"][parent],
+    }
+
+
+def _card_block(
+    lay: Layout, st: SampleTable, g: int | None, bounds: IntArr, throttle: IntArr
+) -> dict[str, np.ndarray]:
+    """A MIG card's own pseudo-samples over its whole observed span: one per stretch of its
+    layout, weighed by its own share then (the uncarved slices; all of it where no instance
+    is present), with its own utilisation where its own sample covers the stretch."""
+    points = lay.points
+    ends = np.append(points[1:], lay.end).astype(np.int64)
+    util = np.full(points.size, np.nan)
+    code = np.full(points.size, -1, dtype=np.int64)
+    if g is not None:
+        sample, _, own = state(st, g, bounds, points)
+        util = np.where(own, st.util[np.maximum(sample, 0)], np.nan)
+        code = np.where(own, throttle[np.maximum(sample, 0)], -1)
+    w = lay.rest
+    return {
+        "ts": points,
+        "util": util,
+        "cov_end": np.where(lay.covered, ends, points),
+        "span_end": ends,
+        "throttle": code,
+        "busy": np.nan_to_num(util) / 100.0 * w,
+        "idle": w.copy(),
+        "covered": w.copy(),
+        "gap": w.copy(),
+        "estimated": np.zeros(points.size, dtype=np.bool_),
+    }
 
 
 def _table(
@@ -395,6 +458,7 @@ def _split_card(
     tenants: list[_Tenant],
     by_tenant: dict[tuple[str, str], tuple[IntArr, FloatArr]],
     window: Window,
+    more_cuts: IntArr | None = None,
 ) -> tuple[
     dict[str, np.ndarray],
     list[tuple[_Tenant, dict[str, np.ndarray]]],
@@ -402,6 +466,8 @@ def _split_card(
 ]:
     """One shared card: its free-share pseudo-samples and one set per tenant."""
     cuts = np.array([t.start for t in tenants] + [t.end for t in tenants], dtype=np.int64)
+    if more_cuts is not None:
+        cuts = np.concatenate([cuts, more_cuts])
     cuts = cuts[(cuts > ts[0]) & (cuts < last_end)]
     points = np.union1d(ts, cuts).astype(np.int64)
     m = points.size
