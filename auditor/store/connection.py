@@ -1,4 +1,5 @@
-"""Engines for a database URL: SQLite (WAL, busy timeout, foreign keys) or PostgreSQL.
+"""Engines for a database URL: SQLite (WAL, busy timeout, foreign keys) or PostgreSQL; the
+lock writers of one thing take turns on (`write_lock`).
 
 No message from here holds the URL's password: it is remembered by `auditor.redact` (so
 any later driver message that quotes it is masked too) and every error text is redacted."""
@@ -9,7 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
@@ -17,6 +18,12 @@ from auditor.errors import InputError, StoreError, shown
 from auditor.redact import redact, remember
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+WRITE_LOCK_WAIT_MS = 30 * 60_000
+"""How long a writer waits for another writer of the same thing (an audit of the window)
+to commit: longer than any one audit's write."""
+PG_WRITE_LOCK_SPACE = 0x61756474
+"""The first key of the two-key PostgreSQL advisory locks of `write_lock` (two-key locks
+never meet the one-key lock of migrations)."""
 
 
 def _normalise(url: str) -> str:
@@ -77,6 +84,33 @@ def _engine(parsed: URL) -> Engine:
 
         return engine
     return create_engine(parsed, pool_pre_ping=True)
+
+
+def write_lock(conn: Connection, name: str) -> None:
+    """Make `conn`'s transaction the only writer of `name` until it ends.
+
+    On PostgreSQL a transaction-scoped advisory lock named by a hash of `name`; a second
+    writer waits for the first to commit and then sees what it wrote. On SQLite the
+    database's write lock (`BEGIN IMMEDIATE`), taken before the transaction reads anything,
+    so it never decides on rows another writer is about to change; a transaction that has
+    written already holds it. Either waits up to `WRITE_LOCK_WAIT_MS`."""
+    if conn.dialect.name == "postgresql":
+        import hashlib
+
+        digest = hashlib.sha256(name.encode("utf-8")).digest()
+        key = int.from_bytes(digest[:4], "big", signed=True)
+        conn.execute(
+            text("SELECT pg_advisory_xact_lock(:space, :key)"),
+            {"space": PG_WRITE_LOCK_SPACE, "key": key},
+        )
+    elif conn.dialect.name == "sqlite":
+        if getattr(conn.connection.dbapi_connection, "in_transaction", False):
+            return
+        conn.exec_driver_sql(f"PRAGMA busy_timeout={WRITE_LOCK_WAIT_MS}")
+        try:
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+        finally:
+            conn.exec_driver_sql(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
 
 
 @contextmanager
