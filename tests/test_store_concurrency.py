@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -115,3 +116,114 @@ def _iso(ms: int) -> str:
     from auditor.jobs.common import iso
 
     return iso(ms)
+
+
+WEEK = "2026-W47"
+WEEK_WINDOW = (1_795_392_000_000 - 7 * 86_400_000, 1_795_392_000_000)  # Mon 16 - Mon 23 Nov
+
+
+CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, CAP_FOWNER = 1, 2, 3
+PR_CAPBSET_DROP = 24
+
+
+def _without_override() -> None:
+    """In the child, before it runs the auditor: give up root's power to write through file
+    modes (and to change them), so that a 0444 file in a 0555 directory is read-only to it
+    as to any other user. The capabilities leave the bounding set, so the exec drops them."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    for cap in (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, CAP_FOWNER):
+        if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
+
+
+def as_a_reader(*args: str) -> subprocess.CompletedProcess[str]:
+    """The CLI as a user who cannot write the store: root without its override of file
+    modes when the tests run as root, else the tests' own user."""
+    return subprocess.run(
+        [sys.executable, "-m", "auditor", *args],
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        preexec_fn=_reader(),
+    )
+
+
+def _reader() -> Callable[[], None] | None:
+    return _without_override if os.geteuid() == 0 else None
+
+
+@pytest.fixture(params=["read-only-directory", "read-only-file"])
+def read_only_store(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[tuple[str, Path]]:
+    """A store audited for a whole week, then its file 0444, in a directory 0555 that the
+    reader cannot write (and so can make no -wal or -shm file in) or in one it can."""
+    where = tmp_path / "store"
+    where.mkdir()
+    db = where / "auditor.db"
+    url = f"sqlite:///{db}"
+    # written by a process that has ended, as a CronJob's store is: no -wal or -shm left
+    here = Path(__file__).parent
+    writer = (
+        "import test_store_concurrency as t; from auditor import jobs; "
+        "from auditor.settings import Thresholds; "
+        f"t.seed({url!r}); jobs.audit({url!r}, window=t.WEEK_WINDOW, thresholds=Thresholds())"
+    )
+    env = {**os.environ, "PYTHONPATH": f"{here.parent}{os.pathsep}{here}"}
+    subprocess.run([sys.executable, "-c", writer], env=env, check=True, timeout=120)
+    assert sorted(p.name for p in where.iterdir()) == ["auditor.db"]
+    db.chmod(0o444)
+    folder = request.param == "read-only-directory"
+    if folder:
+        where.chmod(0o555)
+    # the reader genuinely cannot write there: the file, nor (for a folder) a new one in it
+    for target in (db, where / "auditor.db-wal") if folder else (db,):
+        code = f"open({str(target)!r}, 'ab')"
+        tried = subprocess.run([sys.executable, "-c", code], preexec_fn=_reader(), check=False)
+        assert tried.returncode != 0, f"{target} is writable to the reader"
+    try:
+        yield url, db
+    finally:
+        where.chmod(0o755)
+
+
+def test_a_report_and_a_finance_export_read_a_store_they_cannot_write(
+    read_only_store: tuple[str, Path],
+) -> None:
+    url, db = read_only_store
+    before = db.read_bytes()
+    week = ["--start", _iso(WEEK_WINDOW[0]), "--end", _iso(WEEK_WINDOW[1])]
+    report = as_a_reader("--db", url, "report", *week, "--format", "json")
+    assert report.returncode == 0, report.stderr
+    assert "unallocated_gpu_hours" in report.stdout
+    finance = as_a_reader("--db", url, "export", "finance", "--week", WEEK)
+    assert finance.returncode == 0, finance.stderr
+    assert finance.stdout.startswith("week,"), finance.stdout[:200]
+    # a writer is still refused, in one line, and nothing changed
+    audit = as_a_reader("--db", url, "audit", *week)
+    assert audit.returncode == 3, audit.stderr
+    assert "read" in audit.stderr
+    assert "Traceback" not in audit.stderr
+    assert db.read_bytes() == before
+
+
+def test_a_reader_opened_read_only_cannot_write(db_url: str) -> None:
+    from sqlalchemy import insert
+
+    from auditor.errors import StoreError
+    from auditor.store.connection import transaction
+    from auditor.store.schema import gpus
+
+    seed(db_url)
+    engine = jobs.open_store(db_url, read_only=True)
+    with engine.connect() as conn:
+        assert len(reads.read_gpus(conn)) == 2
+    with pytest.raises(StoreError, match=r"read-only|readonly"), transaction(engine) as conn:
+        conn.execute(insert(gpus), {"uuid": "GPU-x", "node": "n1", "gpu_index": 0})
+    engine.dispose()
+    writer = make_engine(db_url)
+    with writer.connect() as conn:
+        assert len(reads.read_gpus(conn)) == 2
+    writer.dispose()
