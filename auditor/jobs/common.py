@@ -30,15 +30,19 @@ class ImportStats:
     """Rows of the file that were stored already (a re-import, or files that overlap)."""
 
 
-def open_store(url: str) -> Engine:
+def open_store(url: str, *, read_only: bool = False) -> Engine:
     """An engine at the current schema. A new SQLite file is created and migrated on the spot;
-    any other database must have been migrated with `auditor db upgrade`."""
+    any other database must have been migrated with `auditor db upgrade`.
+
+    `read_only`, for the commands that only read (report, explain, export, compare): their
+    transactions cannot write (`make_engine`). A SQLite file this process cannot write is
+    opened read-only either way."""
     from sqlalchemy import inspect
 
     from auditor.store import migrate
     from auditor.store.connection import is_sqlite, make_engine
 
-    engine = make_engine(url)
+    engine = make_engine(url, read_only=read_only)
     try:
         if is_sqlite(engine) and not inspect(engine).get_table_names():
             migrate.create_fresh(engine)

@@ -18,12 +18,13 @@ made afresh for every write, so a long-lived process picks up rotated credential
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from auditor.errors import InputError
+from auditor.errors import InputError, StoreError
 
 OBJECT_STORES = frozenset({"s3", "s3a", "gs", "az", "abfs", "abfss"})
 """URL schemes written to an object store."""
@@ -37,6 +38,14 @@ def scheme_of(target: str) -> str | None:
     return head.lower()
 
 
+MACHINE_FAULTS = frozenset(
+    {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EFBIG, errno.ENOMEM}
+)
+"""Failures of the machine rather than of the path given (exit 3, docs/faults.md): a full
+disk or quota, an I/O error, a read-only filesystem. A missing folder or a permission is
+the path's (exit 2)."""
+
+
 def write_local(path: Path, data: bytes) -> None:
     """Write via a temporary file beside `path` and a rename."""
     tmp = path.with_name(f".{path.name}.tmp")
@@ -46,7 +55,10 @@ def write_local(path: Path, data: bytes) -> None:
         os.replace(tmp, path)
     except OSError as e:
         tmp.unlink(missing_ok=True)
-        raise InputError(f"cannot write: {e.strerror}", file=str(path)) from e
+        reason = e.strerror or type(e).__name__
+        if e.errno in MACHINE_FAULTS:
+            raise StoreError(f"{path}: cannot write: {reason}") from e
+        raise InputError(f"cannot write: {reason}", file=str(path)) from e
 
 
 def check_target(target: str) -> None:

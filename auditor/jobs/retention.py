@@ -15,6 +15,12 @@ from auditor.jobs.common import open_store, raise_store_error
 from auditor.settings import Thresholds
 
 DAY_MS = 86_400_000
+ROLLUP_MIN_PER_MINUTE = 2.5
+"""A GPU is rolled up only where it has this many raw samples per minute (about 20 s apart
+or closer): a minute row takes the room of 2.3 raw rows, so rolling up sparser data would
+grow the store, not shrink it (SQLite, 8 cards x 2 days, vacuumed: at 60 s 0.79 MB raw and
+1.84 MB rolled up, at 30 s 1.44 and 1.86 MB, at 20 s 2.08 and 1.87 MB, at 10 s 4.01 and
+1.86 MB). Such a GPU keeps its raw samples, which an audit reads as it always did."""
 
 
 @dataclass(frozen=True)
@@ -60,6 +66,7 @@ def rollup(
                     thresholds=thresholds,
                     gpu_ids=ids[start : start + batch],
                     batch_gpus=batch,
+                    min_per_minute=ROLLUP_MIN_PER_MINUTE,
                 )
         except DBAPIError as e:  # the database went away or stayed locked mid-run
             raise_store_error(url, e)

@@ -1,4 +1,11 @@
-"""Engines for a database URL: SQLite (WAL, busy timeout, foreign keys) or PostgreSQL.
+"""Engines for a database URL: SQLite (WAL, busy timeout, foreign keys) or PostgreSQL; the
+lock writers of one thing take turns on (`write_lock`).
+
+A SQLite file this process cannot write (the file, or its directory, where the -wal and
+-shm files live) is opened read-only (`mode=ro`; `immutable=1` where no -wal or -shm file
+exists and none can be made: a store whose writer has finished, copied or mounted
+read-only), so that reading it works and writing it fails at once, with SQLite's
+"attempt to write a readonly database". `read_only=True` opens any store read-only.
 
 No message from here holds the URL's password: it is remembered by `auditor.redact` (so
 any later driver message that quotes it is masked too) and every error text is redacted."""
@@ -9,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
@@ -17,6 +24,12 @@ from auditor.errors import InputError, StoreError, shown
 from auditor.redact import redact, remember
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+WRITE_LOCK_WAIT_MS = 30 * 60_000
+"""How long a writer waits for another writer of the same thing (an audit of the window)
+to commit: longer than any one audit's write."""
+PG_WRITE_LOCK_SPACE = 0x61756474
+"""The first key of the two-key PostgreSQL advisory locks of `write_lock` (two-key locks
+never meet the one-key lock of migrations)."""
 
 
 def _normalise(url: str) -> str:
@@ -32,8 +45,11 @@ def is_sqlite(engine: Engine) -> bool:
     return engine.dialect.name == "sqlite"
 
 
-def make_engine(url: str) -> Engine:
-    """An engine for `url`; a URL that cannot be parsed or used is a StoreError."""
+def make_engine(url: str, *, read_only: bool = False) -> Engine:
+    """An engine for `url`; a URL that cannot be parsed or used is a StoreError.
+
+    `read_only`: every transaction is read-only (PostgreSQL's default_transaction_read_only;
+    SQLite's `mode=ro` on a file that exists)."""
     _remember_password(url)
     try:
         parsed = make_url(_normalise(url))
@@ -47,7 +63,7 @@ def make_engine(url: str) -> Engine:
             f"not a database URL: {redact(url)!r} (write an '@' in the password as %40)"
         )
     try:
-        return _engine(parsed)
+        return _engine(parsed, read_only=read_only)
     except Exception as e:  # an unknown dialect or driver, a bad query option...
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise StoreError(f"cannot use {redact(url)}: {redact(first)}") from e
@@ -62,21 +78,90 @@ def _remember_password(url: str) -> None:
         remember(info.split(":", 1)[1])
 
 
-def _engine(parsed: URL) -> Engine:
+def _engine(parsed: URL, *, read_only: bool) -> Engine:
     if parsed.get_backend_name() == "sqlite":
-        engine = create_engine(parsed, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
+        uri = _read_only_uri(parsed.database, wanted=read_only)
+        timeout = SQLITE_BUSY_TIMEOUT_MS / 1000
+        if uri is None:
+            engine = create_engine(parsed, connect_args={"timeout": timeout})
+        else:
+            import sqlite3
+
+            def connect() -> sqlite3.Connection:
+                return sqlite3.connect(uri, uri=True, timeout=timeout, check_same_thread=False)
+
+            engine = create_engine(parsed, creator=connect)
 
         @event.listens_for(engine, "connect")
         def _pragmas(dbapi_conn: Any, _record: Any) -> None:
             cur = dbapi_conn.cursor()
-            cur.execute("PRAGMA journal_mode=WAL")
+            if uri is None:  # a read-only connection changes nothing, the journal mode neither
+                cur.execute("PRAGMA journal_mode=WAL")
+                cur.execute("PRAGMA synchronous=NORMAL")
             cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
             cur.execute("PRAGMA foreign_keys=ON")
-            cur.execute("PRAGMA synchronous=NORMAL")
             cur.close()
 
         return engine
+    if read_only:
+        return create_engine(
+            parsed,
+            pool_pre_ping=True,
+            connect_args={"options": "-c default_transaction_read_only=on"},
+        )
     return create_engine(parsed, pool_pre_ping=True)
+
+
+def _read_only_uri(database: str | None, *, wanted: bool) -> str | None:
+    """The `file:` URI to open the SQLite file `database` read-only with, or None to open it
+    as usual: a file that does not exist yet (it is created), an in-memory database, a URI
+    the user wrote, or a file this process may write and was not asked to only read."""
+    import os
+    from pathlib import Path
+    from urllib.parse import quote
+
+    if not database or database == ":memory:" or database.startswith("file:"):
+        return None
+    path = Path(database).absolute()
+    if not path.is_file():
+        return None
+    folder_writable = os.access(path.parent, os.W_OK | os.X_OK)
+    if not wanted and folder_writable and os.access(path, os.W_OK):
+        return None
+    uri = f"file:{quote(str(path))}?mode=ro"
+    journal = [Path(f"{path}-wal"), Path(f"{path}-shm")]
+    if not folder_writable and not any(p.exists() for p in journal):
+        # no writer is part-way (its -wal would be here) and no reader can make the -shm
+        # file WAL reading needs: read the file as it is
+        uri += "&immutable=1"
+    return uri
+
+
+def write_lock(conn: Connection, name: str) -> None:
+    """Make `conn`'s transaction the only writer of `name` until it ends.
+
+    On PostgreSQL a transaction-scoped advisory lock named by a hash of `name`; a second
+    writer waits for the first to commit and then sees what it wrote. On SQLite the
+    database's write lock (`BEGIN IMMEDIATE`), taken before the transaction reads anything,
+    so it never decides on rows another writer is about to change; a transaction that has
+    written already holds it. Either waits up to `WRITE_LOCK_WAIT_MS`."""
+    if conn.dialect.name == "postgresql":
+        import hashlib
+
+        digest = hashlib.sha256(name.encode("utf-8")).digest()
+        key = int.from_bytes(digest[:4], "big", signed=True)
+        conn.execute(
+            text("SELECT pg_advisory_xact_lock(:space, :key)"),
+            {"space": PG_WRITE_LOCK_SPACE, "key": key},
+        )
+    elif conn.dialect.name == "sqlite":
+        if getattr(conn.connection.dbapi_connection, "in_transaction", False):
+            return
+        conn.exec_driver_sql(f"PRAGMA busy_timeout={WRITE_LOCK_WAIT_MS}")
+        try:
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+        finally:
+            conn.exec_driver_sql(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
 
 
 @contextmanager

@@ -13,7 +13,8 @@ Every write merges into the stored minute (counts and times add, min/max combine
 is re-weighted by readable time), so a re-run finds nothing to do, and raw samples imported
 late for a minute already rolled up join it on the next run. (Re-importing a file whose
 samples were already rolled up therefore counts them twice: the raw rows that would have
-made the import idempotent are gone.)
+made the import idempotent are gone.) A caller may leave sparse cards raw
+(`min_per_minute`): rolling up samples a minute apart would grow the store.
 """
 
 from __future__ import annotations
@@ -77,9 +78,13 @@ def rollup(
     gpu_ids: Sequence[int] | None = None,
     batch_gpus: int = BATCH_GPUS,
     chunk_ms: int = CHUNK_MS,
+    min_per_minute: float = 0.0,
 ) -> RollupStats:
     """Roll up and delete every raw sample stamped before `before_ms` (cut at a minute).
 
+    `min_per_minute`: a GPU whose raw samples before the cut are fewer than this per minute
+    that has any is left raw, as it is: a minute row costs more than two raw rows, so
+    rolling up data already a minute apart would grow the store.
     Per-pod utilisation of shared cards (`gpu_tenant_util`) before the cut is deleted with
     them, not rolled up: an audit of rolled-up time splits a shared card's activity by
     share (SPEC §7, estimated), as it would without per-process data.
@@ -96,6 +101,11 @@ def rollup(
     deleted = written = 0
     for start in range(0, len(ids), max(1, batch_gpus)):
         batch = ids[start : start + max(1, batch_gpus)]
+        if min_per_minute > 0:
+            sparse = _sparse(conn, batch, cut=cut, min_per_minute=min_per_minute)
+            batch = [g for g in batch if g not in sparse]
+            if not batch:
+                continue
         uuid_of = _uuids(conn, batch)
         for a, b in _chunks(conn, batch, cut=cut, chunk_ms=chunk):
             taken = conn.execute(
@@ -124,6 +134,18 @@ def rollup(
     return RollupStats(
         before_ms=cut, gpus=len(touched), raw_deleted=deleted, minutes_written=written
     )
+
+
+def _sparse(conn: Connection, batch: list[int], *, cut: int, min_per_minute: float) -> set[int]:
+    """The GPUs of `batch` whose raw samples before `cut` number fewer than `min_per_minute`
+    per minute that has one."""
+    minute = gpu_samples.c.ts_ms // MINUTE_MS
+    counts = conn.execute(
+        select(gpu_samples.c.gpu_id, func.count(), func.count(func.distinct(minute)))
+        .where(gpu_samples.c.gpu_id.in_(batch), gpu_samples.c.ts_ms < cut)
+        .group_by(gpu_samples.c.gpu_id)
+    ).all()
+    return {int(g) for g, n, minutes in counts if n < min_per_minute * minutes}
 
 
 def _raw_frame(rows: Sequence[Any], uuid_of: dict[int, str]) -> pd.DataFrame:

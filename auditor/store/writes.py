@@ -26,6 +26,7 @@ from auditor.model import (
 )
 from auditor.store.bounds import RowError, check_row
 from auditor.store.bulk import SAMPLE_COLUMNS, object_spans, write_rows
+from auditor.store.connection import write_lock
 from auditor.store.ranks import PYTORCH_JOB, settle_pytorch_ranks
 from auditor.store.schema import (
     audit_findings,
@@ -453,7 +454,15 @@ def replace_audit_run(
     """Store one audit run, replacing the runs of the same window it supersedes.
 
     `rolled_up_seconds`: GPU-seconds of the window audited from 1-minute rollups (the
-    report flags them as coarser). A result that does not say `estimated` was not."""
+    report flags them as coarser). A result that does not say `estimated` was not.
+
+    Audits of one window take turns (`write_lock`): each stores a run of its own, the
+    later replacing the earlier, and none meets the other's half-written run. Run ids are
+    never given twice, on SQLite too (which would give a replaced run's id to the next)."""
+    write_lock(conn, f"audit run {window[0]} {window[1]}")
+    next_id = None
+    if conn.dialect.name == "sqlite":
+        next_id = int(conn.execute(select(func.max(audit_runs.c.id))).scalar() or 0) + 1
     old = select(audit_runs.c.id, audit_runs.c.shard).where(
         audit_runs.c.window_start_ms == window[0],
         audit_runs.c.window_end_ms == window[1],
@@ -473,6 +482,7 @@ def replace_audit_run(
             "thresholds": json.loads(json.dumps(dict(thresholds))),
             "version": version,
             "rolled_up_seconds": float(rolled_up_seconds),
+            **({} if next_id is None else {"id": next_id}),
         },
     ).scalar_one()
     result_rows = [{"run_id": run_id, "estimated": False, **r} for r in results]
