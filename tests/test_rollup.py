@@ -289,8 +289,9 @@ def test_pseudo_samples_give_the_classifier_the_same_time(
     assert b.groupby(key)["seconds"].sum().to_dict() == pytest.approx(
         a.groupby(key)["seconds"].sum().to_dict()
     )
+    # covered time of cards no pod held: unallocated, and busy where kernels ran
     assert rolled_up_seconds(rolled, window=(w.start_ms, w.end_ms)) == pytest.approx(
-        float(a.loc[a["category"] == "unallocated", "seconds"].sum())
+        float(a.loc[a["category"].isin(["unallocated", "busy"]), "seconds"].sum())
     )
 
 
@@ -483,9 +484,11 @@ def test_classifying_rolled_up_data_matches_the_raw_classification(
     assert stats.raw_deleted == fleet.samples
     capacity = raw.sum(axis=1)
     np.testing.assert_allclose(rolled.sum(axis=1), capacity, rtol=1e-9)
-    for exact in ("unallocated", "unobserved"):
-        np.testing.assert_allclose(rolled[exact], raw[exact], rtol=1e-9, atol=1e-6)
-    assert ((rolled["busy"] - raw["busy"]).abs() <= 1e-4 * capacity).all()
+    np.testing.assert_allclose(rolled["unobserved"], raw["unobserved"], rtol=1e-9, atol=1e-6)
+    # a free card's kernel time is busy (of no pod): minute means move a little of it
+    # between busy and unallocated, as they do for held cards
+    for close in ("busy", "unallocated"):
+        assert ((rolled[close] - raw[close]).abs() <= 1e-4 * capacity).all(), close
     worst = (rolled - raw).abs().div(capacity, axis=0).max()
     assert (worst <= 0.06).all(), worst.to_dict()
 
