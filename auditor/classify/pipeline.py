@@ -221,7 +221,7 @@ def classify(
     `keep_pieces`: also return the classified pieces over time (`Classification.pieces`).
     """
     unsampled = unsampled_results(
-        tenures, sampled=set(samples["gpu"].dropna().astype(str)), window=window
+        tenures, sampled=set(samples["gpu"].dropna().astype(str)), window=window, cards=cards
     )
     st = load_samples(samples, thresholds=thresholds)
     if st.ts.size == 0:

@@ -24,13 +24,29 @@ from auditor.model import WasteCategory, Window
 
 
 def unsampled_results(
-    tenures: pd.DataFrame, *, sampled: Collection[str], window: Window
+    tenures: pd.DataFrame,
+    *,
+    sampled: Collection[str],
+    window: Window,
+    cards: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
-    """`unobserved` seconds of each (card, pod) whose card has no sample at all."""
+    """`unobserved` seconds of each (card, pod) whose card has no sample at all. A MIG
+    instance whose physical card is sampled is not one: its layout (`auditor.classify.mig`)
+    says when the instance existed (`cards`: uuid, parent_uuid)."""
     if tenures.empty:
         return empty_results()
+    known = set(sampled)
+    if cards is not None and "parent_uuid" in cards.columns:
+        parents = cards.dropna(subset=["parent_uuid"])
+        known |= {
+            str(u)
+            for u, p in zip(parents["uuid"], parents["parent_uuid"], strict=True)
+            if str(p) in known
+        }
     gpu = tenures["gpu"].astype(object)
-    keep = gpu.notna() & tenures["pod_uid"].notna() & ~gpu.isin(list(sampled))
+    keep = gpu.notna() & tenures["pod_uid"].notna() & ~gpu.isin(list(known))
+    if cards is not None:  # a card the inventory does not list is no card anybody held
+        keep &= gpu.isin(list(cards["uuid"].astype(str)))
     held = tenures[keep]
     if held.empty:
         return empty_results()
