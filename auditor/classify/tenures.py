@@ -22,8 +22,8 @@ reservation pod's exact mapping names it (pod-resources, dcgm labels), else as i
 `GPU_NAMED`) — else on the card its own `runai-gpu` annotation names. Otherwise the
 documented inference, node by node: pods in order of bound time (ties by namespace, then
 name, then uid) take the GPUs of their node that have room at their bound time, those that
-show memory in use early in the tenure first (`MemoryInUse`: a card or MIG instance in use
-is held, an idle one likely not), then the lowest index. Room: a
+show memory use beginning early in the tenure first (`MemoryInUse`: a card or MIG instance
+in use is held, an idle one likely not), then the lowest index. Room: a
 whole card needs a card no tenure holds then; a share needs that much share left (tenures
 of unknown share count as none); time-slicing replicas fill a card before moving to the
 next; a pod of several cards (HAMi vGPUs) takes distinct cards. MIG resources
