@@ -336,6 +336,18 @@ def test_bad_timestamp_names_its_own_line(tmp_path: Path) -> None:
     assert "not an RFC 3339 time" in e.message
 
 
+def test_a_container_finished_before_it_started_names_its_own_line(tmp_path: Path) -> None:
+    text = (PODS / "list.json").read_text()
+    bad = '"finishedAt": "2025-11-03T07:18:04Z"'  # 43 minutes before its startedAt
+    broken = text.replace('"finishedAt": "2025-11-03T08:18:04Z"', bad)
+    path = write(tmp_path, "pods.json", broken)
+    e = error_of(path)
+    field = "items[7].status.containerStatuses[train].state.terminated.finishedAt"
+    assert_names(e, path=path, line=line_of(broken, bad), field=field)
+    assert "before its startedAt 2025-11-03T08:01:30Z" in e.message
+    assert len(str(e).splitlines()) == 1
+
+
 def test_bad_scheduled_time_in_a_watch_event(tmp_path: Path) -> None:
     text = (PODS / "watch-events.json").read_text()
     # the first PodScheduled transition of the bert-eval pod, in its ADDED event

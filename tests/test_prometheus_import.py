@@ -398,8 +398,8 @@ def test_without_label_or_kube_pod_info_the_node_is_hostname_and_the_summary_say
     summary = out.splitlines()[0]
     assert summary.endswith(
         "; nodes from Hostname (no node label and no kube_pod_info: if dcgm-exporter does not "
-        "run with host networking these are pod names; see --node-label); utilisation of "
-        f"1 GPU from {GR_ENGINE} (MIG instances)"
+        "run with host networking these are pod names; see --node-label and --node); "
+        f"utilisation of 1 GPU from {GR_ENGINE} (MIG instances)"
     )
 
 

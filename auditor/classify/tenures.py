@@ -14,9 +14,16 @@ held whole (its weight as a part of the physical card is the classifier's,
 
 Which GPUs: the exact mapping (`assignments`, from pod-resources, dcgm labels or HAMi's
 annotation) wherever the pod has one, on whatever node those GPUs are; its `share` or
-`replicas` column, where set, gives the share on that card. Otherwise the documented
-inference, node by node: pods in order of bound time (ties by namespace, then name, then
-uid) take the lowest-index GPUs of their node that have room at their bound time. Room: a
+`replicas` column, where set, gives the share on that card. Else the evidence the data
+holds (`inferred` still): a Run:ai fraction pod is on the card of the reservation pod that
+shares its `runai-gpu-group` label on its node (`GPU_GROUP`) — that card as the
+reservation pod's exact mapping names it (pod-resources, dcgm labels), else as its
+`run.ai/reserve_for_gpu_index` annotation does (a UUID, or an index on the node,
+`GPU_NAMED`) — else on the card its own `runai-gpu` annotation names. Otherwise the
+documented inference, node by node: pods in order of bound time (ties by namespace, then
+name, then uid) take the GPUs of their node that have room at their bound time, those that
+show memory use beginning early in the tenure first (`MemoryInUse`: a card or MIG instance
+in use is held, an idle one likely not), then the lowest index. Room: a
 whole card needs a card no tenure holds then; a share needs that much share left (tenures
 of unknown share count as none); time-slicing replicas fill a card before moving to the
 next; a pod of several cards (HAMi vGPUs) takes distinct cards. MIG resources
@@ -37,8 +44,10 @@ tenures are dropped.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left, bisect_right
 from collections import defaultdict
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -60,6 +69,49 @@ RESERVATION = "runai-reservation"
 """`share_kind` of Run:ai's placeholder pods: they hold no share of anything."""
 REPLICAS_LABEL = "nvidia.com/gpu.replicas"
 EPS = 1e-9
+GPU_GROUP = "gpu_group"
+"""Optional `pods` column: Run:ai's `runai-gpu-group` label, shared by a fraction pod and
+the reservation pod holding its card."""
+GPU_NAMED = "gpu_named"
+"""Optional `pods` column: the card a Run:ai annotation names — `run.ai/reserve_for_gpu_index`
+of a reservation pod, `runai-gpu` of a fraction pod: a GPU UUID, or an index on the node."""
+ONSET_MS = 15 * 60_000
+"""How early in a tenure memory use beginning on a card counts as the pod's (`MemoryInUse`)."""
+
+
+@dataclass(frozen=True)
+class MemoryInUse:
+    """Per card (UUID), the sorted [first_ms, last_ms] spans its samples show memory in use,
+    from `from_ms` on (no evidence before). Where a pod's placement is a guess, a card whose
+    memory use begins in the tenure's first `ONSET_MS`, before the next pod of the node was
+    bound, is preferred over one that shows none (memory use that begins after the next
+    bind is that pod's; use under way at the bind is the previous tenant's); for the one pod
+    of its node already bound when the evidence starts, a card in use from the start."""
+
+    spans: Mapping[str, Sequence[tuple[int, int]]]
+    from_ms: int
+
+    @property
+    def start(self) -> int:
+        """Memory use beginning before this began before the evidence did."""
+        return self.from_ms + EDGE_MS
+
+    def begins(self, gpu: str, lo: int, hi: int) -> int | None:
+        """The first start of memory use on `gpu` in [lo, hi), after the evidence starts."""
+        spans = self.spans.get(gpu, ())
+        i = bisect_left(spans, (lo, lo))
+        if i < len(spans) and spans[i][0] < hi and spans[i][0] >= self.start:
+            return spans[i][0]
+        return None
+
+    def from_start(self, gpu: str) -> bool:
+        """Whether `gpu` is in use from where the evidence starts."""
+        spans = self.spans.get(gpu, ())
+        return bool(spans) and spans[0][0] < self.start
+
+
+EDGE_MS = 2 * 60_000
+"""Memory in use this close to where the evidence starts was in use before it."""
 
 
 def _num(value: Any) -> int | None:
@@ -127,6 +179,34 @@ def _node_gpus(gpus: pd.DataFrame) -> dict[tuple[str, bool], list[str]]:
         key = (0, idx, uuid_s) if idx is not None else (1, 0, uuid_s)
         out[(node_s, _text(parent) is not None)].append(key)
     return {k: [u for _, _, u in sorted(set(v))] for k, v in out.items()}
+
+
+def _card_names(gpus: pd.DataFrame) -> Callable[[str | None, str | None], str | None]:
+    """`card_of(text, node)`: the card a Run:ai annotation names — a known UUID, or an index
+    of a card (no MIG instance) on `node` — or None."""
+    known = {u for u in (_text(v) for v in gpus["uuid"].tolist()) if u is not None}
+    by_index: dict[tuple[str, int], str] = {}
+    for uuid, node, index, parent in zip(
+        gpus["uuid"].tolist(),
+        gpus["node"].tolist(),
+        gpus["gpu_index"].tolist(),
+        _column(gpus, "parent_uuid"),
+        strict=True,
+    ):
+        idx, node_s = _num(index), _text(node)
+        if idx is not None and node_s is not None and _text(parent) is None:
+            by_index.setdefault((node_s, idx), str(uuid))
+
+    def card_of(text: str | None, node: str | None) -> str | None:
+        if text is None:
+            return None
+        if text in known:
+            return text
+        if node is not None and text.isascii() and text.isdigit():
+            return by_index.get((node, int(text)))
+        return None
+
+    return card_of
 
 
 def node_replicas(nodes: pd.DataFrame | None) -> dict[str, int]:
@@ -244,11 +324,13 @@ def build_tenures(
     *,
     now_ms: int,
     nodes: pd.DataFrame | None = None,
+    in_use: MemoryInUse | None = None,
 ) -> pd.DataFrame:
     """Tenures (gpu, pod_uid, gang, start_ms, end_ms, inferred, released, share,
     share_estimated), sorted by GPU and start. `released` is false for a pod still holding
     its GPUs at `now_ms`: its end is only where the data stops, so its last idle stretch is
-    no teardown. `nodes` (name, labels) gives each node's time-slicing replicas."""
+    no teardown. `nodes` (name, labels) gives each node's time-slicing replicas; `in_use`,
+    where given, the cards' memory in use that an inferred placement prefers."""
     exact: dict[str, list[tuple[str, Any, Any]]] = defaultdict(list)
     for pod_uid, gpu, share, replicas in zip(
         assignments["pod_uid"].tolist(),
@@ -274,7 +356,8 @@ def build_tenures(
 
     rows: list[tuple[str, str, str, int, int, bool, float]] = []
     held: dict[str, list[Span]] = defaultdict(list)
-    waiting: list[tuple[int, str, str, str, str, str, int, _Ask]] = []
+    waiting: list[tuple[int, str, str, str, str, str, int, _Ask, str | None, str | None]] = []
+    reservations: list[tuple[str, str, str, int, int, str | None]] = []
     seen: set[str] = set()
     still_holding: set[str] = set()
     for rec in pods.to_dict("records"):
@@ -283,18 +366,21 @@ def build_tenures(
         if uid is None or bound is None or uid in seen:
             continue
         seen.add(uid)
-        if _text(rec.get("share_kind")) == RESERVATION:
-            continue
         ends = [
             t for t in (_num(rec.get("finished_ms")), _num(rec.get("deleted_ms"))) if t is not None
         ]
+        end = min(ends) if ends else now_ms
+        node = _text(rec.get("node"))
+        group, named = _text(rec.get(GPU_GROUP)), _text(rec.get(GPU_NAMED))
+        if _text(rec.get("share_kind")) == RESERVATION:
+            if node is not None and group is not None:
+                reservations.append((uid, node, group, bound, end, named))
+            continue
         if not ends:
             still_holding.add(uid)
-        end = min(ends) if ends else now_ms
         if end <= bound:
             continue
         gang = _text(rec.get("gang")) or uid
-        node = _text(rec.get("node"))
         ask = _Ask(rec, replicas=replicas_of.get(node or ""), memory=memory)
         if uid in exact:
             for gpu, share, replicas in sorted(exact[uid], key=lambda e: e[0]):
@@ -314,14 +400,59 @@ def build_tenures(
                 gang,
                 end,
                 ask,
+                group,
+                named,
             )
         )
 
     pools = _node_gpus(gpus)
-    for bound, _ns, _name, uid, node, gang, end, ask in sorted(waiting, key=lambda w: w[:4]):
+    card_of = _card_names(gpus)
+    reserved: dict[tuple[str, str], list[tuple[int, int, str]]] = defaultdict(list)
+    for uid, node, group, r_bound, r_end, named in reservations:
+        held_cards: list[str | None] = [g for g, _, _ in exact.get(uid, [])]
+        for g in held_cards or [card_of(named, node)]:
+            if g is not None:
+                reserved[(node, group)].append((r_bound, r_end, g))
+    binds: dict[tuple[str, bool], list[int]] = defaultdict(list)
+    early: dict[tuple[str, bool], int] = defaultdict(int)  # bound before the evidence starts
+    for w in waiting:
+        binds[(w[4], w[7].mig)].append(w[0])
+        if in_use is not None and w[0] < in_use.start < w[6]:
+            early[(w[4], w[7].mig)] += 1
+    for v in binds.values():
+        v.sort()
+
+    def evidence(gpu: str, bound: int, node: str, mig: bool) -> bool:
+        """Whether `gpu`'s memory use is this pod's (`MemoryInUse`)."""
+        assert in_use is not None
+        if bound < in_use.start and early[(node, mig)] == 1 and in_use.from_start(gpu):
+            return True
+        lo = max(bound, in_use.start)
+        begins = in_use.begins(gpu, lo, lo + ONSET_MS)
+        later = binds[(node, mig)]
+        nxt = bisect_right(later, bound)
+        return begins is not None and (nxt == len(later) or later[nxt] > begins)
+
+    for bound, _ns, _name, uid, node, gang, end, ask, group, named in sorted(
+        waiting, key=lambda w: w[:4]
+    ):
+        found: list[str | None] = [
+            g
+            for r_bound, r_end, g in sorted(reserved.get((node, group or ""), []))
+            if r_bound < end and r_end > bound
+        ]
+        linked = [g for g in dict.fromkeys(found or [card_of(named, node)]) if g is not None]
+        linked = linked[: max(ask.count, 1)]
+        if linked and not ask.mig:  # Run:ai's own record of the card: before any guess
+            for gpu in linked:
+                rows.append((gpu, uid, gang, bound, end, True, ask.on(gpu)))
+                held[gpu].append((bound, end, ask.on(gpu)))
+            continue
         cards = pools.get((node, ask.mig), [])
         if ask.mig and ask.profile and any(g in profiles for g in cards):
             cards = [g for g in cards if profiles.get(g) == ask.profile]
+        if in_use is not None:  # stable: index order among equals
+            cards = sorted(cards, key=lambda g: not evidence(g, bound, node, ask.mig))
         for gpu, share in _place(ask, cards, held, bound):
             rows.append((gpu, uid, gang, bound, end, True, share))
             held[gpu].append((bound, end, share))

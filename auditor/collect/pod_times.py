@@ -3,7 +3,8 @@ container statuses (SPEC §2.2), as epoch milliseconds UTC.
 
 `created` is `metadata.creationTimestamp`; `bound` the `PodScheduled=True`
 condition (for a pod placed on a node without the scheduler, the earliest condition);
-`started` the earliest container start (current or previous run); `finished` the last
+`started` the earliest container start (current or previous run; a run whose `finishedAt`
+precedes its `startedAt` is refused, naming the field); `finished` the last
 container's `finishedAt`, once every container has terminated for good (the pod is
 Succeeded/Failed, cannot restart, or is being deleted); `deleted` is
 `metadata.deletionTimestamp`, the time the kubelet is told to have stopped the pod by.
@@ -93,6 +94,8 @@ def pod_times(
             t = parse_time(section.get("startedAt"), field=f"{where}.{prefix}.startedAt")
             if t is not None:
                 starts.append(t)
+                if section is not running:
+                    _not_before(section, t, field=f"{where}.{prefix}.finishedAt")
         if state.get("terminated") is not None:
             end = parse_time(
                 terminated.get("finishedAt"), field=f"{where}.state.terminated.finishedAt"
@@ -131,6 +134,18 @@ def pod_times(
         finished_ms=finished,
         deleted_ms=deleted_ms,
     )
+
+
+def _not_before(terminated: Mapping[str, Any], started: int, *, field: str) -> None:
+    """A terminated run's `finishedAt` before its `startedAt` is refused: a clock or a writer
+    gone wrong, and a tenure that ends before it starts holds nothing."""
+    value = terminated.get("finishedAt")
+    end = parse_time(value, field=field)
+    if end is not None and end < started:
+        began = terminated.get("startedAt")
+        raise PodFieldError(
+            f"{shown(value)} is before its startedAt {began}", field=field, value=value
+        )
 
 
 _RFC3339 = re.compile(

@@ -22,6 +22,7 @@ from auditor.jobs.imports import (
     import_nvidia_smi,
     import_pods,
     import_prometheus,
+    parse_node_options,
 )
 from auditor.jobs.outputs_and_compare import (
     OutputsImportStats,
@@ -76,6 +77,7 @@ __all__ = [
     "import_pods",
     "import_prometheus",
     "open_store",
+    "parse_node_options",
     "parse_side",
     "raise_store_error",
     "rollup",

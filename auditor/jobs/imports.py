@@ -158,12 +158,19 @@ def import_prometheus(
     auth: Auth | None = None,
     timeout_s: float = 60.0,
     node_labels: Sequence[str] | None = None,
+    nodes: Mapping[str, str] | None = None,
 ) -> PrometheusImportStats:
     """Import dcgm-exporter samples and pod labels of a window in one transaction.
 
     `progress(done, total)` is called after each chunk; `auth`: credentials (else those in
     the URL's userinfo); `timeout_s`: the deadline of each query; `node_labels`: the labels
-    that name a GPU's node, first present wins (default `NODE_LABELS`; see `NodeResolver`)."""
+    that name a GPU's node, first present wins (default `NODE_LABELS`; see `NodeResolver`);
+    `nodes`: GPU UUID or `Hostname` -> node, as the user says (`--node`,
+    `parse_node_options`), where no node label names it. A card the store already holds
+    keeps its stored node where only its `Hostname` (an exporter pod's name) says
+    otherwise."""
+    from sqlalchemy import select
+
     from auditor.collect.prometheus import (
         NODE_LABELS,
         NodeResolver,
@@ -174,6 +181,7 @@ def import_prometheus(
     )
     from auditor.model import GpuRecord
     from auditor.store.sample_sink import resolve_holdings
+    from auditor.store.schema import gpus
     from auditor.store.writes import insert_samples, upsert_assignments, upsert_gpus
 
     started = time.perf_counter()
@@ -187,7 +195,9 @@ def import_prometheus(
     labels = tuple(node_labels) if node_labels is not None else NODE_LABELS
     if not labels or not all(labels):
         raise InputError("a node label name cannot be empty", field="--node-label")
-    resolver = NodeResolver(labels)
+    given = dict(nodes or {})
+    if not all(given) or not all(given.values()):
+        raise InputError("--node takes HOSTNAME=NODE or UUID=NODE", field="--node")
     step_ms = round(step_s * 1000)
     client = PrometheusClient(prometheus_url, auth=auth, timeout_s=timeout_s)
     per_query = points_per_query(
@@ -201,6 +211,8 @@ def import_prometheus(
     pairs: set[tuple[str, int]] = set()
     node_of: dict[str, str] = {}  # GPU UUID -> where its node came from, first chunk's
     with engine.begin() as conn:
+        stored = {str(u): str(n) for u, n in conn.execute(select(gpus.c.uuid, gpus.c.node))}
+        resolver = NodeResolver(labels, given=given, stored=stored)
         for done, (first_ms, last_ms) in enumerate(parts, 1):
             chunk = read_chunk(
                 client, first_ms=first_ms, last_ms=last_ms, step_ms=step_ms, resolver=resolver
@@ -235,6 +247,22 @@ def import_prometheus(
         node_sources=_counts(node_of.values()),
         util_sources=_counts(g.util_source for g in known.values() if g.util_source),
     )
+
+
+def parse_node_options(values: Sequence[str]) -> dict[str, str]:
+    """`--node KEY=NODE` options (KEY a GPU UUID or a dcgm-exporter `Hostname`, the exporter
+    pod's name) -> {KEY: NODE}; anything else is a one-line InputError."""
+    out: dict[str, str] = {}
+    for value in values:
+        key, sep, node = (part.strip() for part in value.partition("="))
+        if not sep or not key or not node:
+            raise InputError(
+                f"--node takes HOSTNAME=NODE or UUID=NODE, not {value!r}", field="--node"
+            )
+        if out.get(key, node) != node:
+            raise InputError(f"--node names {key} twice: {out[key]!r} and {node!r}", field="--node")
+        out[key] = node
+    return out
 
 
 def _counts(values: Iterable[str]) -> dict[str, int]:

@@ -121,8 +121,10 @@ def read_chunk(
     slots per GPU and time, filled metric by metric: a chunk's memory is its samples).
 
     The node of each GPU comes from `resolver` (a new one with the default labels unless
-    given; pass one across chunks to keep what it learnt). A GPU whose series name two
-    nodes is refused, as the store refuses a card moved to another node."""
+    given; pass one across chunks to keep what it learnt). A card whose only evidence is
+    its `Hostname` keeps its stored node, else the node it first came under (an exporter
+    pod replaced is the same card on the same node); a GPU whose series name two nodes
+    otherwise is refused, as the store refuses a card moved to another node."""
     resolver = resolver or NodeResolver()
     rows: dict[str, dict[int, list[float | None]]] = {}
     held: dict[tuple[str, int], tuple[str, str]] = {}
@@ -180,13 +182,15 @@ def read_chunk(
     hosts = {h for _, h, which in unnamed if which == "Hostname"}
     if hosts:
         resolver.learn(client, hosts, first_ms=first_ms, last_ms=last_ms, step_ms=step_ms)
+    fallbacks: list[tuple[int, str, str, str]] = []
     for (uuid, host, which), (lo, hi) in unnamed.items():
-        if which == "instance":
-            same_node(named, uuid, (host, which))
+        given = resolver.named(uuid, host)
+        if given is not None:
+            same_node(named, uuid, given)
             continue
         nodes = {resolver.pod_node(host, lo), resolver.pod_node(host, hi)}
-        if None in nodes:
-            same_node(named, uuid, (host, "Hostname"))
+        if which == "instance" or None in nodes:
+            fallbacks.append((lo, uuid, host, which))
         elif len(nodes) > 1:
             raise InputError(
                 f"exporter pod {short(host)} of GPU {short(uuid)} ran on nodes "
@@ -196,6 +200,11 @@ def read_chunk(
             )
         else:
             same_node(named, uuid, (nodes.pop() or host, KUBE_POD_INFO + " (exporter pods)"))
+    for _, uuid, host, which in sorted(fallbacks):  # the first name a card came under wins
+        if uuid not in named:  # else stronger evidence of this card in this chunk
+            named[uuid] = resolver.fallback(uuid, host, which)
+    for uuid, found in named.items():
+        resolver.chosen.setdefault(uuid, found)
     for uuid in sorted(rows):
         times = rows.pop(uuid)
         node, source = named[uuid]

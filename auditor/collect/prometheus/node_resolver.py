@@ -2,10 +2,16 @@
 of where nodes came from.
 
 The first node label present (`NODE_LABELS`, `--node-label`: what Prometheus relabelling
-adds); else, where `Hostname` is an exporter pod that kube-state-metrics' `kube_pod_info`
-knows, the node that pod ran on at the time; else `Hostname` (else `instance`). Prometheus
-drops empty labels, so a series without `pod` is a card no pod held; a GPU whose series
-name two nodes is refused (`same_node`), as the store refuses a card moved to another node.
+adds); else the node the user names for the card or its `Hostname` (`--node`); else, where
+`Hostname` is an exporter pod that kube-state-metrics' `kube_pod_info` knows, the node that
+pod ran on at the time; else the node the store already holds the card on (the sampler's,
+an earlier import's: a UUID is one physical card); else the first `Hostname` (else
+`instance`) the card came under. Without host networking `Hostname` is the exporter pod's
+name, and a replaced exporter pod gives the card a second one: it is the same card on the
+same node, so the first name seen is kept (`NodeResolver.fallback`), in this chunk and the
+ones after. Prometheus drops empty labels, so a series without `pod` is a card no pod held;
+a GPU whose series name two nodes otherwise is refused (`same_node`), as the store refuses
+a card moved to another node.
 """
 
 from __future__ import annotations
@@ -47,6 +53,12 @@ class NodeResolver:
     labels: tuple[str, ...] = NODE_LABELS
     spans: dict[str, list[tuple[int, int, str]]] = field(default_factory=dict)
     """Exporter pod name -> [(first_ms, last_ms, node)], sorted."""
+    given: Mapping[str, str] = field(default_factory=dict)
+    """GPU UUID or `Hostname` -> node, as the user says (`--node`): before kube_pod_info."""
+    stored: Mapping[str, str] = field(default_factory=dict)
+    """GPU UUID -> the node the store holds it on: before a bare `Hostname`."""
+    chosen: dict[str, tuple[str, str]] = field(default_factory=dict)
+    """GPU UUID -> (node, source) the fallback gave it first: kept across chunks."""
 
     def node_label(self, labels: Mapping[str, str]) -> tuple[str, str] | None:
         """(node, `label NAME`) where a node label is present."""
@@ -88,6 +100,19 @@ class NodeResolver:
                 for ts, _ in points:
                     self._add(pod, round(ts * 1000), node, step_ms=step_ms)
 
+    def named(self, uuid: str, host: str) -> tuple[str, str] | None:
+        """(node, `--node`) where the user names the node of `uuid` or of `host`."""
+        node = self.given.get(uuid) or self.given.get(host)
+        return None if node is None else (node, GIVEN)
+
+    def fallback(self, uuid: str, host: str, which: str) -> tuple[str, str]:
+        """The node of a series whose only evidence is its `Hostname` (or `instance`): the
+        card's stored node, else the first name this card came under (an exporter pod
+        replaced later is the same card on the same node), else `host`."""
+        if uuid in self.stored:
+            return self.stored[uuid], STORED
+        return self.chosen.setdefault(uuid, (host, which))
+
     def _add(self, pod: str, ms: int, node: str, *, step_ms: int) -> None:
         spans = self.spans.setdefault(pod, [])
         for i, (a, b, n) in enumerate(spans):
@@ -108,9 +133,13 @@ class NodeResolver:
         return None if best is None else best[1]
 
 
+GIVEN = "--node"
+STORED = "stored GPU"
+"""Sources of a node (`node_sources`): the user's `--node`; the store's record of the card."""
+
 HOSTNAME_CAVEAT = (
     "no node label and no kube_pod_info: if dcgm-exporter does not run with host "
-    "networking these are pod names; see --node-label"
+    "networking these are pod names; see --node-label and --node"
 )
 
 
