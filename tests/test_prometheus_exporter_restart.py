@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 
 import pytest
 from promserver import Card, PromServer, backfill, binaries, start_prometheus
@@ -150,3 +151,20 @@ def test_node_names_the_node_of_an_exporter_pod_or_a_card(
 def test_bad_node_options_are_one_line_errors(values: list[str], message: str) -> None:
     with pytest.raises(InputError, match=message):
         jobs.parse_node_options(values)
+
+
+def test_the_cli_takes_node_options(restarted: PromServer, store: str) -> None:
+    from typer.testing import CliRunner
+
+    from auditor.cli import app
+
+    start = datetime.fromtimestamp(START, UTC).isoformat()
+    end = datetime.fromtimestamp(END, UTC).isoformat()
+    args = ["--db", store, "import", "prometheus", "--url", restarted.url, "--start", start]
+    args += ["--end", end, "--node", f"{OLD}=node-a", "--node", f"{NEW}=node-a"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert stored_nodes(store) == {"GPU-R0": "node-a", "GPU-R1": "node-a"}
+    bad = CliRunner().invoke(app, [*args[:-2], "--node", "node-a"])
+    assert bad.exit_code == 2
+    assert "--node takes HOSTNAME=NODE or UUID=NODE" in bad.output

@@ -187,6 +187,15 @@ def import_prometheus(
             "(default kubernetes_node, node, nodename; else kube_pod_info, else Hostname).",
         ),
     ] = None,
+    node: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--node",
+            metavar="KEY=NODE",
+            help="The node of a GPU UUID or a Hostname (an exporter pod), where no node label "
+            "says; repeatable.",
+        ),
+    ] = None,
 ) -> None:
     """Import dcgm-exporter GPU samples, and the pod holding each GPU, from Prometheus."""
     from auditor import jobs
@@ -212,6 +221,7 @@ def import_prometheus(
             auth=auth,
             timeout_s=timeout_s,
             node_labels=node_label or None,
+            nodes=jobs.parse_node_options(node or []),
         )
     sources = describe_sources(stats.node_sources, stats.util_sources)
     typer.echo(

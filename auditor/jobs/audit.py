@@ -79,9 +79,8 @@ def audit(
     from auditor.classify.efficiency import efficiency
     from auditor.classify.pipeline import classify
     from auditor.classify.rollup import rolled_up_seconds, with_rolled
-    from auditor.classify.tenures import build_tenures
-    from auditor.jobs.placement import memory_in_use, with_runai_links
     from auditor.store import reads
+    from auditor.store.placement import held_tenures
     from auditor.store.rollup import read_rolled_card_samples
     from auditor.store.work_done import write_sm_rows
     from auditor.store.writes import replace_audit_run
@@ -100,16 +99,8 @@ def audit(
     n_samples = n_gpus = 0
     rolled = 0.0
     with engine.connect() as conn:
-        gpus = reads.read_gpus(conn)
-        pods = reads.read_pods(conn)
-        assignments = reads.read_assignments(conn)
-        nodes = reads.read_nodes(conn)
-        # the evidence a guessed placement uses: Run:ai's links, the cards' memory in use
-        pods = with_runai_links(conn, pods)
-        in_use = memory_in_use(
-            conn, gpus, pods, assignments, window=(start_ms - READ_MARGIN_MS, end_ms)
-        )
-        tenures = build_tenures(pods, gpus, assignments, now_ms=end_ms, nodes=nodes, in_use=in_use)
+        # exact mappings, then the evidence a guess uses (Run:ai's links, memory in use)
+        _, gpus, tenures = held_tenures(conn, now_ms=end_ms, window=(start_ms, end_ms))
         ranges = card_ranges(gpus, tenures, window=audited)
         gpu_ids = dict(zip(gpus["uuid"], gpus["id"], strict=True))
         uuids = {int(i): str(u) for u, i in gpu_ids.items()}

@@ -161,17 +161,14 @@ class _Holdings:
 
 
 def _read_holdings(conn: Connection) -> _Holdings:
-    from auditor.classify.tenures import build_tenures
     from auditor.store import reads
+    from auditor.store.placement import held_tenures
     from auditor.store.rollup import rollup_span
 
-    pods = reads.read_pods(conn)
-    gpus = reads.read_gpus(conn)
     span = reads.sample_span(conn) or rollup_span(conn)
     now_ms = span[1] if span else int(time.time() * 1000)
-    tenures = build_tenures(
-        pods, gpus, reads.read_assignments(conn), now_ms=now_ms, nodes=reads.read_nodes(conn)
-    )
+    window = (span[0], now_ms) if span else (now_ms, now_ms)
+    pods, gpus, tenures = held_tenures(conn, now_ms=now_ms, window=window)
     return _Holdings(pods, gpus, tenures)
 
 

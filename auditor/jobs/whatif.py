@@ -66,7 +66,6 @@ def replay_stored(
 
     from auditor.classify.pipeline import classify
     from auditor.classify.rollup import with_rolled
-    from auditor.classify.tenures import build_tenures
     from auditor.classify.whatif import (
         POD_OUT,
         card_rows,
@@ -77,14 +76,13 @@ def replay_stored(
     )
     from auditor.jobs.audit import audit_parts
     from auditor.store import reads
+    from auditor.store.placement import held_tenures
     from auditor.store.rollup import read_rolled_card_samples, rollup_span
 
-    pods = reads.read_pods(conn)
-    gpus = reads.read_gpus(conn)
     found_span = reads.sample_span(conn) or rollup_span(conn)
     # a pod still holding its card holds it to the data's end
     now_ms = found_span[1] if found_span else window[1]
-    tenures = build_tenures(pods, gpus, reads.read_assignments(conn), now_ms=now_ms)
+    pods, gpus, tenures = held_tenures(conn, now_ms=now_ms, window=window)
     over = in_play(tenures, window)
     gpu_ids = {str(u): int(i) for u, i in zip(gpus["uuid"], gpus["id"], strict=True)}
     uuids = {i: u for u, i in gpu_ids.items()}

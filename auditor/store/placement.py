@@ -93,3 +93,53 @@ def memory_in_use(
             else:
                 card.append((int(lo), int(hi)))
     return MemoryInUse(spans, from_ms=window[0])
+
+
+def held_tenures(
+    conn: Connection, *, now_ms: int, window: tuple[int, int]
+) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(pods, gpus, tenures) as every reader of history places them: the stored exact
+    mappings, then Run:ai's links and the cards' memory in use over `window`, then the
+    documented first fit (`auditor.classify.tenures`). The audit, `explain` and `whatif`
+    read holdings through this, so that they place every pod alike."""
+    from auditor.classify.tenures import build_tenures
+    from auditor.store import reads
+
+    pods = reads.read_pods(conn)
+    gpus = reads.read_gpus(conn)
+    assignments = reads.read_assignments(conn)
+    nodes = reads.read_nodes(conn)
+    pods = with_runai_links(conn, pods)
+    in_use = memory_in_use(
+        conn,
+        gpus,
+        pods,
+        assignments,
+        window=evidence_window(conn, pods, assignments, window=window),
+    )
+    tenures = build_tenures(pods, gpus, assignments, now_ms=now_ms, nodes=nodes, in_use=in_use)
+    return pods, gpus, tenures
+
+
+ONSET_MARGIN_MS = 15 * 60_000
+
+
+def evidence_window(
+    conn: Connection, pods: pd.DataFrame, assignments: pd.DataFrame, *, window: tuple[int, int]
+) -> tuple[int, int]:
+    """The stretch whose memory readings a guessed placement may use: back to the bound
+    time of the earliest guessed pod that holds a card in `window` (so a day's audit and
+    the week's place a pod alike), but not before the first stored sample."""
+    from auditor.store import reads
+
+    exact = set(assignments["pod_uid"].dropna().astype(str))
+    guessed = pods[~pods["uid"].astype(str).isin(exact) & pods["bound_ms"].notna()]
+    ends = guessed[["finished_ms", "deleted_ms"]].min(axis=1)
+    live = guessed[(guessed["bound_ms"] < window[1]) & ~(ends < window[0])]
+    lo = window[0]
+    if not live.empty:
+        lo = min(lo, int(live["bound_ms"].min()) - ONSET_MARGIN_MS)
+    span = reads.sample_span(conn)
+    if span is not None:
+        lo = max(lo, int(span[0]))
+    return lo, window[1]
