@@ -180,7 +180,7 @@ def test_a_longer_window_makes_chunks_of_fewer_nodes() -> None:
     assert sizes == [8, 3]  # a day: all four nodes in one chunk; a week: a node each
 
 
-def test_card_ranges_stretch_to_whole_tenures_per_card_only() -> None:
+def test_card_ranges_stretch_to_whole_tenures_of_the_gangs_in_the_window() -> None:
     gpus, tenures = _fleet()
     margin = jobs.READ_MARGIN_MS
     ranges = jobs.card_ranges(gpus, tenures, window=(0, 100_000))
@@ -189,7 +189,10 @@ def test_card_ranges_stretch_to_whole_tenures_per_card_only() -> None:
     assert ranges["G11"] == (-margin, 100_000 + margin)  # never held: the window
     assert ranges["G31"] == (-margin, 100_000 + margin)  # held inside the window only
     later = jobs.card_ranges(gpus, tenures, window=(150_000, 160_000))
-    assert later["G20"] == (150_000 - margin, 160_000 + margin)  # its tenure is over by then
+    # G20's tenure is over by then, but its gang gbc still holds G30: a gang's gaps (its
+    # checkpoint series) are those of all its tenures, so the window reads them all
+    assert later["G20"] == (-50_000 - margin, 160_000 + margin)
+    assert later["G21"] == (150_000 - margin, 160_000 + margin)  # no gang of the window
 
 
 def test_sqlite_keeps_samples_clustered_on_their_key(tmp_path: Path) -> None:

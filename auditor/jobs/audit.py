@@ -17,6 +17,7 @@ from auditor.settings import Thresholds
 
 if TYPE_CHECKING:
     import pandas as pd
+    from sqlalchemy import Connection, Engine
 
 
 AUDIT_CHUNK_SAMPLES = 2_000_000
@@ -38,14 +39,26 @@ class AuditStats:
 
 def data_window(url: str, *, period_s: float) -> Window:
     """The span of all stored samples, raw or rolled up, for an audit given no window."""
+    engine = open_store(url)
+    try:
+        with engine.connect() as conn:
+            found = _data_span(conn, period_s=period_s)
+    finally:
+        engine.dispose()
+    if found is None:
+        raise InputError("no GPU samples stored yet: import some first", field="window")
+    return found
+
+
+def _data_span(conn: Connection, *, period_s: float) -> Window | None:
+    """From the first stored sample (raw or rolled up) to the end of the last one's
+    coverage; None for a store without samples."""
     from auditor.store.reads import sample_span
     from auditor.store.rollup import rollup_span
 
-    engine = open_store(url)
-    with engine.connect() as conn:
-        raw, rolled = sample_span(conn), rollup_span(conn)
+    raw, rolled = sample_span(conn), rollup_span(conn)
     if raw is None and rolled is None:
-        raise InputError("no GPU samples stored yet: import some first", field="window")
+        return None
     spans = [s for s in (raw, rolled) if s is not None]
     end = max(raw[1] + int(period_s * 1000) if raw else 0, rolled[1] if rolled else 0)
     return Window(min(s[0] for s in spans), end)
@@ -76,6 +89,38 @@ def audit(
     chunk, not the fleet or the window. With `shard=(i, n)` only the nodes of shard i are
     audited; the n shards together store exactly what one unsharded run stores.
     """
+    started = time.perf_counter()
+    if window is None:
+        window = data_window(url, period_s=thresholds.default_period_s)
+    start_ms, end_ms = window
+    if end_ms <= start_ms:
+        raise InputError("the audit window ends before it starts", field="--end")
+    audited = Window(start_ms, end_ms)
+    engine = open_store(url)
+    try:
+        return _audit(
+            engine,
+            audited,
+            thresholds=thresholds,
+            shard=shard,
+            chunk_samples=chunk_samples,
+            now_ms=now_ms,
+            started=started,
+        )
+    finally:
+        engine.dispose()  # a service auditing now and then keeps no connections open
+
+
+def _audit(
+    engine: Engine,
+    audited: Window,
+    *,
+    thresholds: Thresholds,
+    shard: tuple[int, int] | None,
+    chunk_samples: int,
+    now_ms: int | None,
+    started: float,
+) -> AuditStats:
     from auditor.classify.efficiency import efficiency
     from auditor.classify.pipeline import classify
     from auditor.classify.rollup import rolled_up_seconds, with_rolled
@@ -85,22 +130,22 @@ def audit(
     from auditor.store.work_done import write_sm_rows
     from auditor.store.writes import replace_audit_run
 
-    started = time.perf_counter()
-    if window is None:
-        window = data_window(url, period_s=thresholds.default_period_s)
-    start_ms, end_ms = window
-    if end_ms <= start_ms:
-        raise InputError("the audit window ends before it starts", field="--end")
-    audited = Window(start_ms, end_ms)
-    engine = open_store(url)
+    end_ms = audited.end_ms
     result_rows: list[dict[str, object]] = []
     finding_rows: list[dict[str, object]] = []
     sm_rows: list[dict[str, object]] = []
     n_samples = n_gpus = 0
     rolled = 0.0
     with engine.connect() as conn:
-        # exact mappings, then the evidence a guess uses (Run:ai's links, memory in use)
-        _, gpus, tenures = held_tenures(conn, now_ms=end_ms, window=(start_ms, end_ms))
+        # A pod still holding its card holds it to where the data ends, not to where this
+        # window does (SPEC §3 "Whole tenures"): its idle tail crossing the window's end is
+        # one run, the same in every window that cuts it. `now` lies past every card's last
+        # coverage, so the classifier's clip to each card's observed span ends the tenure,
+        # whatever the window. Exact mappings first, then the evidence a guess uses (Run:ai's
+        # links, memory in use), as explain and whatif place pods.
+        data = _data_span(conn, period_s=thresholds.default_period_s)
+        now = max(end_ms, data.end_ms + READ_MARGIN_MS) if data is not None else end_ms
+        _, gpus, tenures = held_tenures(conn, now_ms=now, window=(audited.start_ms, end_ms))
         ranges = card_ranges(gpus, tenures, window=audited)
         gpu_ids = dict(zip(gpus["uuid"], gpus["id"], strict=True))
         uuids = {int(i): str(u) for u, i in gpu_ids.items()}
@@ -121,7 +166,7 @@ def audit(
         the tenants' own utilisation of shared cards."""
         wanted = [(int(gpu_ids[u]), *ranges[u]) for u in sorted(context)]
         with engine.connect() as conn:
-            raw = reads.read_card_samples(conn, wanted, uuids)
+            raw = reads.read_card_samples(conn, wanted, uuids, neighbours=True)
             samples = with_rolled(raw, read_rolled_card_samples(conn, wanted))
             return samples, reads.read_tenant_util(conn, wanted, uuids)
 
@@ -193,15 +238,18 @@ def audit(
 def card_ranges(gpus: pd.DataFrame, tenures: pd.DataFrame, *, window: Window) -> dict[str, Window]:
     """Per card, the samples the audit reads: `[lo, hi)`, margins included.
 
-    The window, stretched to the whole of every tenure on the card that overlaps it (SPEC §3
-    classifies whole tenures), plus `READ_MARGIN_MS` on both sides: so the last sample meets
-    its successor, and the sample before the start, whose coverage reaches into the window,
-    is there.
-    A card's range depends on its own tenures only, so it sees the same data however the
-    fleet is chunked or sharded.
+    The window, stretched to the whole of every tenure of every gang that holds a card inside
+    the window (SPEC §3 classifies whole tenures; a gang's gaps, which make its checkpoint
+    series, are those of all its cards over all its tenures), plus `READ_MARGIN_MS` on both
+    sides: so the last sample meets its successor, and the sample before the start, whose
+    coverage reaches into the window, is there.
+    A card's range depends on the tenures only, so it sees the same data however the fleet
+    is chunked or sharded, and every window that cuts a tenure classifies it from the same
+    samples: adjacent windows add up to their union.
     """
     start_ms, end_ms = window
-    over = tenures[(tenures["start_ms"] < end_ms) & (tenures["end_ms"] > start_ms)]
+    inside = (tenures["start_ms"] < end_ms) & (tenures["end_ms"] > start_ms)
+    over = tenures[tenures["gang"].isin(set(tenures.loc[inside, "gang"]))]
     lo = over.groupby("gpu")["start_ms"].min()
     hi = over.groupby("gpu")["end_ms"].max()
     out: dict[str, Window] = {}

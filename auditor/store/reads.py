@@ -141,7 +141,11 @@ CardRange = tuple[int, int, int]
 
 
 def read_card_samples(
-    conn: Connection, ranges: Sequence[CardRange], uuids: Mapping[int, str]
+    conn: Connection,
+    ranges: Sequence[CardRange],
+    uuids: Mapping[int, str],
+    *,
+    neighbours: bool = False,
 ) -> pd.DataFrame:
     """Samples of each card inside its own range, as `read_samples` returns them, sorted.
 
@@ -149,12 +153,16 @@ def read_card_samples(
     key order, and carry no GPU column to convert), each card's rows turned into a structured
     array in one pass (no Python object per value kept but the throttle text; NULL
     utilisation arrives as NaN), the GPU column a categorical of UUIDs.
+    With `neighbours`, also the card's last sample before its range and first one after it,
+    however far (two index seeks): what the range's edge samples cover, and whether an
+    outage across the edge is unobserved time of the card, is then the same as in any
+    longer range (SPEC §3: adjacent windows add up to their union).
     """
     mark = "%s" if conn.dialect.name == "postgresql" else "?"
-    query = (
-        "SELECT ts_ms, util, throttle_reasons, sm_active FROM gpu_samples"
-        f" WHERE gpu_id = {mark} AND ts_ms >= {mark} AND ts_ms < {mark}"
-    )
+    columns = "SELECT ts_ms, util, throttle_reasons, sm_active FROM gpu_samples"
+    query = f"{columns} WHERE gpu_id = {mark} AND ts_ms >= {mark} AND ts_ms < {mark}"
+    before = f"{columns} WHERE gpu_id = {mark} AND ts_ms < {mark} ORDER BY ts_ms DESC LIMIT 1"
+    after = f"{columns} WHERE gpu_id = {mark} AND ts_ms >= {mark} ORDER BY ts_ms LIMIT 1"
     parts: list[np.ndarray] = []
     cards: list[int] = []
     cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
@@ -162,6 +170,11 @@ def read_card_samples(
         for gpu_id, lo, hi in ranges:
             cur.execute(query, (gpu_id, lo, hi))
             rows_ = cur.fetchall()  # one card's rows: a driver's fetchall beats its iterator
+            if neighbours:
+                cur.execute(before, (gpu_id, lo))
+                first = cur.fetchall()
+                cur.execute(after, (gpu_id, hi))
+                rows_ = [*first, *rows_, *cur.fetchall()]
             part = np.fromiter(rows_, dtype=_CARD_ROW, count=len(rows_))
             if part.size:
                 parts.append(part)
