@@ -272,7 +272,8 @@ def test_finance_csv_escapes_and_neutralises_teams_and_cost_centres(
     db: str, tmp_path: Path
 ) -> None:
     config = tmp_path / "auditor.toml"
-    lines = ["[cost_centres]", *(f"{json.dumps(t)} = {json.dumps(c)}" for t, c in CENTRES.items())]
+    lines = ["[prices]", "default = 2.0", "[cost_centres]"]  # priced: no warning on stderr
+    lines += [f"{json.dumps(t)} = {json.dumps(c)}" for t, c in CENTRES.items()]
     config.write_text("\n".join(lines) + "\n", encoding="utf-8")
     text = cli(db, "--config", str(config), "export", "finance", "--week", "2026-W48")
     assert raw_controls(text.replace("\r\n", "\n")) == []

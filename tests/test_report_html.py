@@ -153,7 +153,9 @@ def test_the_html_report_reads_the_store_once_on_one_engine_it_disposes(small_db
 
     assert html.count('class="strip"') >= 2  # timelines of several jobs were drawn
     reads = {
-        "pods": "SELECT pods.uid,",
+        "pods": "SELECT pods.uid, pods.namespace,",
+        # the placement evidence: labels and annotations of the Run:ai pods alone
+        "Run:ai pods": "SELECT pods.uid, pods.labels, pods.annotations",
         "gpus": "SELECT gpus.id,",
         "assignments": "SELECT gpu_assignments.pod_uid,",
         "results": "SELECT audit_results.",

@@ -159,7 +159,10 @@ def _container(
 
 
 def _terminated(namer: Namer, *, started: int, finished: int, code: int) -> dict[str, Any]:
+    """A terminated container state. The kubelet never writes a container that finished
+    before it started: a plan whose pod ended during its image pull starts it there."""
     reason = "Completed" if code == 0 else "Error"
+    started = min(started, finished)
     return {
         "terminated": {
             "containerID": f"containerd://{namer.digest()}",
