@@ -59,4 +59,5 @@ def test_card_signals_and_outages_read_by_window(engine: Engine) -> None:
     assert outages.to_dict("records") == [
         {"node": "node-a", "reason": "cordoned", "start_ms": 0, "end_ms": 6_000}
     ]
-    assert isinstance(causes, pd.DataFrame) and causes.empty
+    assert isinstance(causes, pd.DataFrame)
+    assert causes.empty
