@@ -41,6 +41,10 @@ SHARE_TEXT_MAX = 32
 METRIC_MAX = 200
 """A Prometheus metric name an output or latency was read from (`vllm:generation_tokens_total`)."""
 UNIT_MAX = 64
+REASON_MAX = 64
+"""A scheduler's condition reason (`Unschedulable`, `SchedulingGated`)."""
+MESSAGE_MAX = 300
+"""A scheduler's message as stored (cut with an ellipsis beyond)."""
 """An output unit: `tokens`, `requests`, `samples`, `steps`."""
 
 MAX_GPUS_PER_POD = 100_000

@@ -281,3 +281,25 @@ def test_causes_sum_to_unallocated_and_blocked_never_exceeds_demand(
     blocked = out.loc[out["cause"] == FreeCause.BLOCKED.value, "seconds"].sum()
     assert blocked <= sum(c * d for _, _, d, c in asks) + 1e-6
     assert (out["seconds"] > 0).all()
+
+
+def test_one_sources_row_never_hides_anothers() -> None:
+    """The sampler's cgroup row and a server's gauges at other instants: both are read."""
+    pod = pd.DataFrame(
+        [
+            {"pod_uid": "p1", "source": "cgroup", "ts_ms": 0, "throttled_ratio": 0.1},
+            {"pod_uid": "p1", "source": "serving", "ts_ms": 4000, "requests_running": 0,
+             "requests_waiting": 0},
+        ]
+    )  # fmt: skip
+    out = split_compute_idle(
+        pd.DataFrame([piece()]), pod_signals=pod, card_signals=None, multi_card_pods=(),
+        thresholds=T,
+    )  # fmt: skip
+    assert out["cause"].tolist() == ["low_demand"]
+    throttled = pod.assign(throttled_ratio=[0.5, np.nan])
+    out = split_compute_idle(
+        pd.DataFrame([piece()]), pod_signals=throttled, card_signals=None, multi_card_pods=(),
+        thresholds=T,
+    )  # fmt: skip
+    assert out["cause"].tolist() == ["input_bound"]

@@ -110,9 +110,17 @@ def _at(
     columns: tuple[str, ...],
     stale_ms: int,
 ) -> pd.DataFrame:
-    """Each signal column's value at each piece's midpoint (NaN where none is recent)."""
+    """Each signal column's value at each piece's midpoint (NaN where none is recent). Rows
+    of several sources (a `source` column: the sampler's cgroup reading, cAdvisor, a
+    server's gauges) are read apart, so that one source's row never hides another's."""
     out = pd.DataFrame(index=pieces.index, columns=list(columns), dtype=np.float64)
     if signals is None or signals.empty:
+        return out
+    if "source" in signals.columns:
+        for _, rows in signals.groupby("source", sort=True):
+            got = _at(pieces, rows.drop(columns="source"), key=key, columns=columns,
+                      stale_ms=stale_ms)  # fmt: skip
+            out = out.fillna(got)
         return out
     have = [c for c in columns if c in signals.columns]
     if not have:

@@ -17,8 +17,9 @@ __all__ = ["app", "main"]
 
 
 def main() -> None:
-    """The `auditor` console script."""
-    app()
+    """The `auditor` console script (and `python -m auditor`: its usage lines still say
+    `auditor`, the command a user types)."""
+    app(prog_name="auditor")
 
 
 app.command()(audit.audit)

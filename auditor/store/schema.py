@@ -126,6 +126,9 @@ pods = Table(
     Column("gpu_share", Float, nullable=True),
     Column("gpu_mem_mib", Float, nullable=True),
     Column("gpu_mem_share", Float, nullable=True),
+    Column("wait_reason", String(limits.REASON_MAX), nullable=True),
+    Column("wait_message", String(limits.MESSAGE_MAX), nullable=True),
+    Column("wanted_model", String(limits.GPU_MODEL_MAX), nullable=True),
     Index("ix_pods_node_bound", "node", "bound_ms"),
     Index("ix_pods_namespace_name", "namespace", "name"),
 )
@@ -273,3 +276,63 @@ latency_buckets = Table(
 )
 """Latency histogram increases per pod, interval and cumulative bucket bound `le` (seconds;
 +inf for the last): summed over pods and intervals they give any window's quantiles."""
+
+pod_signals = Table(
+    "pod_signals",
+    metadata,
+    Column("pod_uid", String(limits.UID_MAX), primary_key=True),
+    Column("source", String(16), primary_key=True),
+    Column("ts_ms", BigInteger, primary_key=True),
+    Column("cpu_limit_ratio", Float, nullable=True),
+    Column("throttled_ratio", Float, nullable=True),
+    Column("cpu_pressure", Float, nullable=True),
+    Column("io_pressure", Float, nullable=True),
+    Column("net_bytes_s", Float, nullable=True),
+    Column("requests_running", Float, nullable=True),
+    Column("requests_waiting", Float, nullable=True),
+    Index("ix_pod_signals_ts", "ts_ms"),
+)
+"""A pod's infrastructure signals over time (SPEC §10), one row per pod, source (`cgroup`:
+the sampler; `cadvisor`: Prometheus; `serving`: a server's queue gauges) and instant; a
+signal the source does not give is NULL. Each row stands for the interval up to the pod's
+next row of the same source (at most `signal_stale_s`)."""
+
+card_signals = Table(
+    "card_signals",
+    metadata,
+    Column("gpu_id", Integer, ForeignKey("gpus.id", ondelete="CASCADE"), primary_key=True),
+    Column("ts_ms", BigInteger, primary_key=True),
+    Column("pcie_bytes_s", Float, nullable=True),
+    Column("pcie_link_bytes_s", Float, nullable=True),
+    Column("nvlink_bytes_s", Float, nullable=True),
+)
+"""A card's PCIe and NVLink traffic over time (bytes per second, both directions), and its
+PCIe link's bandwidth where known (SPEC §10)."""
+
+node_outages = Table(
+    "node_outages",
+    metadata,
+    Column("node", String(limits.NAME_MAX), primary_key=True),
+    Column("reason", String(16), primary_key=True),
+    Column("start_ms", BigInteger, primary_key=True),
+    Column("end_ms", BigInteger, nullable=True),
+)
+"""Stretches in which a node's free cards could not be given (SPEC §10 `unavailable`):
+`cordoned`, `not_ready`, or `short` (fewer cards allocatable than it has); `end_ms` NULL
+while it lasts."""
+
+audit_causes = Table(
+    "audit_causes",
+    metadata,
+    Column("run_id", Integer, ForeignKey("audit_runs.id", ondelete="CASCADE"), nullable=False),
+    Column("gpu_id", Integer, ForeignKey("gpus.id", ondelete="CASCADE"), nullable=False),
+    Column("pod_uid", String(limits.UID_MAX), nullable=True),
+    Column("category", String(32), nullable=False),
+    Column("cause", String(32), nullable=False),
+    Column("seconds", Float, nullable=False),
+    Column("signalled_seconds", Float, nullable=False),
+    Index("ix_audit_causes_run", "run_id"),
+)
+"""The causes inside `compute_idle` and `unallocated` per (run, card, pod or none), SPEC §10:
+they sum to the category's `audit_results` seconds; `signalled_seconds` is the part judged
+on a recorded signal (the rest is `no_signal_share`'s)."""

@@ -1,0 +1,136 @@
+"""Reads and writes of SPEC §10's signals: pods' CPU, pressure, network and serving-queue
+readings, cards' PCIe and NVLink traffic, nodes' outages, and each audit run's causes.
+
+Writes are idempotent on their natural keys (a reading imported again replaces itself);
+reads return the frames `auditor.classify.causes` takes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from sqlalchemy import Connection, and_, delete, insert, or_, select
+
+from auditor.classify.causes import CARD_SIGNALS, POD_SIGNALS
+from auditor.model import Window
+from auditor.store.schema import audit_causes, card_signals, gpus, node_outages, pod_signals
+
+SOURCES = ("cgroup", "cadvisor", "serving")
+"""Where a pod's signal row came from: the sampler's cgroup reading, cAdvisor through
+Prometheus, a serving pod's queue gauges."""
+_CHUNK = 500
+
+
+def _replace(
+    conn: Connection, table: Any, keys: Sequence[str], rows: Sequence[Mapping[str, Any]]
+) -> int:
+    """Insert `rows`, replacing stored rows with the same key columns."""
+    if not rows:
+        return 0
+    unique = sorted({tuple(r[k] for k in keys) for r in rows})
+    for i in range(0, len(unique), _CHUNK):
+        conn.execute(
+            delete(table).where(
+                or_(*(and_(*(table.c[k] == v for k, v in zip(keys, key, strict=True)))
+                      for key in unique[i : i + _CHUNK]))
+            )
+        )  # fmt: skip
+    for i in range(0, len(rows), 5000):
+        conn.execute(insert(table), list(rows[i : i + 5000]))
+    return len(rows)
+
+
+def write_pod_signals(conn: Connection, rows: Sequence[Mapping[str, Any]]) -> int:
+    """Store pod signal rows (pod_uid, source, ts_ms and any of `POD_SIGNALS`; a signal the
+    source does not give is None)."""
+    for r in rows:
+        if r["source"] not in SOURCES:
+            raise ValueError(f"unknown signal source {r['source']!r}")
+    full = [{"pod_uid": r["pod_uid"], "source": r["source"], "ts_ms": int(r["ts_ms"]),
+             **{c: r.get(c) for c in POD_SIGNALS}} for r in rows]  # fmt: skip
+    return _replace(conn, pod_signals, ("pod_uid", "source", "ts_ms"), full)
+
+
+def write_card_signals(conn: Connection, rows: Sequence[Mapping[str, Any]]) -> int:
+    """Store card signal rows (gpu_id, ts_ms and any of `CARD_SIGNALS`)."""
+    full = [{"gpu_id": int(r["gpu_id"]), "ts_ms": int(r["ts_ms"]),
+             **{c: r.get(c) for c in CARD_SIGNALS}} for r in rows]  # fmt: skip
+    return _replace(conn, card_signals, ("gpu_id", "ts_ms"), full)
+
+
+def write_node_outages(conn: Connection, rows: Sequence[Mapping[str, Any]]) -> int:
+    """Store outage rows (node, reason, start_ms, end_ms or None while it lasts); a known
+    stretch seen again gets its end."""
+    return _replace(conn, node_outages, ("node", "reason", "start_ms"), list(rows))
+
+
+def read_pod_signals(
+    conn: Connection, pod_uids: Sequence[str], *, window: Window, margin_ms: int
+) -> pd.DataFrame:
+    """The signal rows of `pod_uids` in `[start - margin, end)`: pod_uid, source, ts_ms and
+    `POD_SIGNALS` (NaN where not recorded)."""
+    cols = ["pod_uid", "source", "ts_ms", *POD_SIGNALS]
+    found: list[Sequence[Any]] = []
+    uids = sorted(set(pod_uids))
+    for i in range(0, len(uids), _CHUNK):
+        stmt = select(*(pod_signals.c[c] for c in cols)).where(
+            pod_signals.c.pod_uid.in_(uids[i : i + _CHUNK]),
+            pod_signals.c.ts_ms >= window.start_ms - margin_ms,
+            pod_signals.c.ts_ms < window.end_ms,
+        )
+        found += conn.execute(stmt).all()
+    frame = pd.DataFrame([tuple(r) for r in found], columns=cols)
+    return frame.astype({c: np.float64 for c in POD_SIGNALS} | {"ts_ms": np.int64})
+
+
+def read_card_signals(conn: Connection, *, window: Window, margin_ms: int) -> pd.DataFrame:
+    """The card signal rows in `[start - margin, end)`: gpu (the UUID), ts_ms, `CARD_SIGNALS`."""
+    stmt = (
+        select(gpus.c.uuid, card_signals.c.ts_ms, *(card_signals.c[c] for c in CARD_SIGNALS))
+        .join(gpus, gpus.c.id == card_signals.c.gpu_id)
+        .where(
+            card_signals.c.ts_ms >= window.start_ms - margin_ms,
+            card_signals.c.ts_ms < window.end_ms,
+        )
+    )
+    frame = pd.DataFrame(
+        [tuple(r) for r in conn.execute(stmt)], columns=["gpu", "ts_ms", *CARD_SIGNALS]
+    )
+    return frame.astype({c: np.float64 for c in CARD_SIGNALS} | {"ts_ms": np.int64})
+
+
+def read_node_outages(conn: Connection, *, window: Window) -> pd.DataFrame:
+    """Outages overlapping the window: node, reason, start_ms, end_ms (an open one ends at
+    the window's end)."""
+    stmt = select(node_outages).where(
+        node_outages.c.start_ms < window.end_ms,
+        or_(node_outages.c.end_ms.is_(None), node_outages.c.end_ms > window.start_ms),
+    )
+    frame = pd.DataFrame(
+        [tuple(r) for r in conn.execute(stmt)], columns=["node", "reason", "start_ms", "end_ms"]
+    )
+    frame["end_ms"] = frame["end_ms"].fillna(window.end_ms).astype(np.int64)
+    return frame
+
+
+def write_cause_rows(conn: Connection, *, run_id: int, rows: Sequence[Mapping[str, Any]]) -> None:
+    """Store one audit run's cause rows (gpu_id, pod_uid, category, cause, seconds,
+    signalled_seconds)."""
+    if rows:
+        conn.execute(insert(audit_causes), [{"run_id": run_id, **r} for r in rows])
+
+
+def read_causes(conn: Connection, run_ids: Sequence[int]) -> pd.DataFrame:
+    """Cause rows of runs: gpu (UUID), pod_uid, category, cause, seconds, signalled_seconds."""
+    stmt = (
+        select(gpus.c.uuid, audit_causes.c.pod_uid, audit_causes.c.category, audit_causes.c.cause,
+               audit_causes.c.seconds, audit_causes.c.signalled_seconds)
+        .join(gpus, gpus.c.id == audit_causes.c.gpu_id)
+        .where(audit_causes.c.run_id.in_(list(run_ids)))
+    )  # fmt: skip
+    cols = ["gpu", "pod_uid", "category", "cause", "seconds", "signalled_seconds"]
+    frame = pd.DataFrame([tuple(r) for r in conn.execute(stmt)], columns=cols)
+    return frame.astype({"seconds": np.float64, "signalled_seconds": np.float64})
