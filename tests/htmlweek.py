@@ -4,7 +4,7 @@
 the real summary and offender code from synthetic audit results, the per-card
 utilisation, and job timelines at the report's 200 time slots drawn as badly for size as a
 timeline can be (the biggest category changes in every slot, every slot has a utilisation
-point). Shared by tests/test_report_html.py and bench/bench_html_size.py.
+point). Shared by tests/report/test_report_html.py and bench/bench_html_size.py.
 """
 
 from __future__ import annotations

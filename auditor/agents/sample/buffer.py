@@ -65,7 +65,7 @@ CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NU
 MIB = 2**20
 DEFAULT_MAX_BYTES = int(BUFFER_MAX_MIB * MIB)
 """Batch bodies kept at most: the file stays within 1.2 times this (bodies fill whole
-pages; measured in tests/test_buffer.py), so 256 MiB of disk holds it."""
+pages; measured in tests/agents/test_buffer.py), so 256 MiB of disk holds it."""
 MEMORY_MAX_BYTES = 16 * MIB
 """The bound when no file can be used (full disk at start): the sampler's memory limit is
 256 MiB."""

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from test_cli_import import pod as cli_import_pod
+from cli_store import pod as cli_import_pod
 from typer.testing import CliRunner
 
 from auditor.cli import app

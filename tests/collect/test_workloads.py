@@ -21,7 +21,7 @@ from auditor.errors import PodFieldError
 from auditor.model import PodRecord, WorkloadKind
 from auditor.settings import TeamRules
 
-CONTROLLERS = Path(__file__).parent / "fixtures" / "pods" / "controllers"
+CONTROLLERS = Path(__file__).parents[1] / "fixtures" / "pods" / "controllers"
 TEAMS = TeamRules(namespace_teams={"research": "applied-research", "nlp": "language"})
 OWN = "own gang"  # expected gang of an independent pod: pod/<uid>
 

@@ -35,7 +35,7 @@ from auditor.agents.sample.metrics import SamplerMetrics
 from auditor.agents.sample.streaks import IdleStreaks
 from auditor.model import GpuSample, Holding
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 OBSERVABILITY = ROOT / "manifests" / "components" / "observability"
 
 SAMPLER_POD = {

@@ -97,7 +97,7 @@ def test_audits_of_one_window_at_once_each_get_their_own_run(
 
 def test_audits_started_together_through_the_cli(db_url: str) -> None:
     seed(db_url)
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
     cmd = [sys.executable, "-m", "auditor", "--db", db_url, "audit"]
     window = ["--start", _iso(WINDOW[0]), "--end", _iso(WINDOW[1])]
     out = subprocess.PIPE
@@ -143,7 +143,7 @@ def as_a_reader(*args: str) -> subprocess.CompletedProcess[str]:
     modes when the tests run as root, else the tests' own user."""
     return subprocess.run(
         [sys.executable, "-m", "auditor", *args],
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])},
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])},
         capture_output=True,
         text=True,
         timeout=120,

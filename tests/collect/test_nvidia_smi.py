@@ -21,12 +21,12 @@ from auditor.collect.nvidia_smi import reader as nvidia_smi
 from auditor.errors import InputError
 from auditor.model import GpuRecord, GpuSample
 
-FIXTURES = Path(__file__).parent / "fixtures" / "nvidia_smi"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "nvidia_smi"
 
 
 def _realdata() -> Path:
     env = os.environ.get("AUDITOR_REALDATA")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "shared" / "realdata"
+    return Path(env) if env else Path(__file__).resolve().parents[3] / "shared" / "realdata"
 
 
 CAPTURES = _realdata() / "nvidia-smi-captures"
@@ -222,7 +222,7 @@ def test_known_field_list_covers_every_driver_captured() -> None:
 
 
 def test_known_field_list_is_sorted_and_has_older_aliases() -> None:
-    data = Path(__file__).parents[1] / "auditor" / "data" / "nvidia_smi_fields.txt"
+    data = Path(__file__).parents[2] / "auditor" / "data" / "nvidia_smi_fields.txt"
     names = [n for n in data.read_text().splitlines() if n and not n.startswith("#")]
     assert names == sorted(set(names))
     for old in ("clocks_throttle_reasons.active", "clocks.sm", "clocks.gr", "clocks.mem"):

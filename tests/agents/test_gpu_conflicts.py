@@ -13,9 +13,9 @@ import logging
 from pathlib import Path
 
 import pytest
+from cli_store import GOOD_CSV, counts, invoke
 from fake_nvml.build import fake_nvml_library
 from sqlalchemy import Engine, select
-from test_cli_import import GOOD_CSV, counts, invoke
 from test_sampler import Rig, script, store, stored
 
 from auditor.model import GpuConflict, GpuRecord

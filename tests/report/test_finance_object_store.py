@@ -36,7 +36,7 @@ from auditor.simulate import SCENARIOS, simulate
 obstore = pytest.importorskip("obstore")
 from obstore.store import S3Store  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MOTO = ROOT / ".tools" / "moto" / "bin" / "moto_server"
 
 runner = CliRunner()

@@ -19,7 +19,7 @@ from auditor.errors import InputError
 from auditor.model import PodRecord
 from auditor.settings import TeamRules
 
-PODS = Path(__file__).parent / "fixtures" / "pods"
+PODS = Path(__file__).parents[1] / "fixtures" / "pods"
 TEAMS = TeamRules()
 
 

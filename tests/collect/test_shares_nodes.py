@@ -143,7 +143,7 @@ def test_sharing_labels_round_trip_through_read_nodes(engine: Engine) -> None:
 
 def _realdata() -> Path:
     env = os.environ.get("AUDITOR_REALDATA")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "shared" / "realdata"
+    return Path(env) if env else Path(__file__).resolve().parents[3] / "shared" / "realdata"
 
 
 OPENB = _realdata() / "alibaba-gpu-v2023-openb"

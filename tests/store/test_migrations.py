@@ -17,7 +17,7 @@ from auditor.store import migrate
 from auditor.store.connection import make_engine
 from auditor.store.schema import metadata
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCHEMA_TABLES = set(metadata.tables)
 
 

@@ -32,7 +32,7 @@ from auditor.store import reads
 from auditor.store.schema import gpu_assignments, gpus, pods
 from auditor.store.writes import upsert_gpus
 
-FIXTURES = Path(__file__).parent / "fixtures" / "pods" / "sharing"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "pods" / "sharing"
 runner = CliRunner()
 
 Expected = tuple[int, str, str | None, float | None, float | None, float | None]
@@ -416,7 +416,7 @@ def test_any_hami_quantity_is_a_number_or_a_named_refusal(qty: object) -> None:
 
 def _realdata() -> Path:
     env = os.environ.get("AUDITOR_REALDATA")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "shared" / "realdata"
+    return Path(env) if env else Path(__file__).resolve().parents[3] / "shared" / "realdata"
 
 
 OPENB_PODS = _realdata() / "alibaba-gpu-v2023-openb" / "openb_pod_list_default.csv"

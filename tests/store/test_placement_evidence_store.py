@@ -15,7 +15,7 @@ from auditor import jobs
 from auditor.report.summary import GroupBy
 from auditor.settings import Config, Thresholds
 
-FIXTURE = Path(__file__).parent / "fixtures" / "pods" / "sharing" / "runai-group.json"
+FIXTURE = Path(__file__).parents[1] / "fixtures" / "pods" / "sharing" / "runai-group.json"
 NODE = "gpu-runai-1"
 CARD_0 = "GPU-4f2e8d3c-9b7a-4c6d-8e5f-00000000a000"
 CARD_1 = "GPU-4f2e8d3c-9b7a-4c6d-8e5f-00000000b001"  # the reservation pod's

@@ -444,7 +444,7 @@ def test_chunks_of_nodes_give_the_same_bytes_as_one_pass(demo_db: str) -> None:
     assert whole.totals()["pods_stopped"].sum() > 0  # not vacuous: some stops to agree on
 
 
-GOLDEN = Path(__file__).parent / "fixtures" / "whatif"
+GOLDEN = Path(__file__).parents[1] / "fixtures" / "whatif"
 
 
 @pytest.mark.parametrize(

@@ -25,7 +25,7 @@ from auditor.settings import TeamRules
 from auditor.store.connection import make_engine
 from auditor.store.schema import nodes, pods
 
-PODS = Path(__file__).parent / "fixtures" / "pods"
+PODS = Path(__file__).parents[1] / "fixtures" / "pods"
 TEAMS = TeamRules()
 runner = CliRunner()
 JSON_FIXTURES = sorted(

@@ -26,7 +26,7 @@ import pytest
 from kubeapi import FakeApiServer, wait_until
 from kubeobjects import T0, pod
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 S = 1000
 EVENTS = 1000
 KILLS = 20

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 OVERLAYS = ["postgres", "external-db", "sharded"]
 WORKLOADS = ("Deployment", "DaemonSet", "StatefulSet", "Job", "CronJob")
 

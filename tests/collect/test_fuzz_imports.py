@@ -27,7 +27,7 @@ from auditor.cli import app
 from auditor.store.connection import make_engine
 from auditor.store.schema import metadata
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parents[1] / "fixtures"
 CASES = int(os.environ.get("AUDITOR_FUZZ_CASES", "150"))
 PG_CASES = max(1, CASES // 3)
 """PostgreSQL enforces what SQLite does not (VARCHAR lengths, NUL in text): fewer cases,

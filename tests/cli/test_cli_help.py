@@ -1,6 +1,6 @@
 """The CLI's help: every command documented, fast to print, and mirrored in README.md.
 
-`AUDITOR_UPDATE_README=1 pytest tests/test_cli_help.py` rewrites README's CLI reference.
+`AUDITOR_UPDATE_README=1 pytest tests/cli/test_cli_help.py` rewrites README's CLI reference.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 START = "<!-- cli-reference:start -->"
 END = "<!-- cli-reference:end -->"
@@ -82,7 +82,7 @@ def test_readme_cli_reference_is_current() -> None:
     if os.environ.get("AUDITOR_UPDATE_README"):
         README.write_text(fresh, encoding="utf-8")
     assert text == fresh, (
-        "README's CLI reference is stale: AUDITOR_UPDATE_README=1 pytest tests/test_cli_help.py"
+        "README's CLI reference is stale: AUDITOR_UPDATE_README=1 pytest tests/cli/test_cli_help.py"
     )
 
 

@@ -109,7 +109,7 @@ def test_missing_file(tmp_path: Path) -> None:
 
 
 def test_readme_config_example_loads(tmp_path: Path) -> None:
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
     example = readme.split("```toml\n", 1)[1].split("```", 1)[0]
     config = load_config(write(tmp_path, example))
     assert config.prices.currency == "EUR"

@@ -44,7 +44,7 @@ from auditor.report.audit_metrics import AUDIT_METRIC_NAMES
 
 COMPONENTS = ROOT / "manifests" / "components"
 OBSERVABILITY = COMPONENTS / "observability"
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parents[1] / "fixtures"
 CRD_KINDS = {"ServiceMonitor": "servicemonitors", "PrometheusRule": "prometheusrules"}
 
 

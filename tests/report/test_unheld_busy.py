@@ -12,8 +12,8 @@ import json
 from pathlib import Path
 
 import pytest
+from cli_store import pod as cli_import_pod
 from sqlalchemy import Engine
-from test_cli_import import pod as cli_import_pod
 from typer.testing import CliRunner
 
 from auditor.cli import app
