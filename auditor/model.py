@@ -157,6 +157,32 @@ class TenantSample:
 
 
 @dataclass(frozen=True, slots=True)
+class PodSignal:
+    """A GPU pod's CPU signals (SPEC §10) from its cgroup, over the time from `ts_ms` to the
+    next reading: share of its CPU limit used, share of CFS periods throttled, share of the
+    time some task waited for CPU or I/O (PSI `some`). None: not recorded."""
+
+    pod_uid: str
+    ts_ms: int
+    cpu_limit_ratio: float | None = None
+    throttled_ratio: float | None = None
+    cpu_pressure: float | None = None
+    io_pressure: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CardSignal:
+    """A whole card's traffic (SPEC §10) from `ts_ms` on: PCIe bytes/s (rx + tx), its PCIe
+    link's bandwidth (bytes/s), NVLink bytes/s (rx + tx). None: not recorded."""
+
+    gpu_uuid: str
+    ts_ms: int
+    pcie_bytes_s: float | None = None
+    pcie_link_bytes_s: float | None = None
+    nvlink_bytes_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class ExactAssignment:
     """A card a source names for a pod without reading the card itself (HAMi's
     `hami.io/vgpu-devices-allocated`): the pod's node, the time it held the card, and the
@@ -264,6 +290,8 @@ class Batch:
     samples: tuple[GpuSample, ...]
     holdings: tuple[Holding, ...]
     tenants: tuple[TenantSample, ...] = ()
+    pod_signals: tuple[PodSignal, ...] = ()
+    card_signals: tuple[CardSignal, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

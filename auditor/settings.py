@@ -121,6 +121,9 @@ class SampleOptions:
     proc_root: Path | None = None
     """The host's `/proc`, to read per-process GPU utilisation and put it in pods (SPEC §7;
     needs `hostPID: true`); None: off."""
+    cgroup_root: Path | None = None
+    """The host's `/sys/fs/cgroup`, to read the CPU signals of the pods whose processes use
+    the cards (SPEC §10; needs `proc_root`); None: off."""
     json_logs: bool = False
     """Log one JSON object a line, as the watcher does with the same flag."""
     idle_threshold_pct: float = Thresholds().idle_threshold_pct

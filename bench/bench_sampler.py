@@ -59,11 +59,39 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def fake_pod_tree(tmp: Path, gpus: int) -> list[str]:
+    """A /proc with one process per card, each in its pod, and those pods' cgroup v2 files
+    (the real k0s pod's cpu.stat); the sampler's flags that read them."""
+    real = ROOT / "tests" / "fixtures" / "signals"
+    proc, cgroup = tmp / "proc", tmp / "cgroup"
+    (cgroup).mkdir()
+    (cgroup / "cgroup.controllers").write_text("cpu io memory\n")
+    for i in range(gpus):
+        uid = f"{i:08d}-0000-4000-8000-000000000000"
+        slice_ = f"kubepods-burstable-pod{uid.replace('-', '_')}.slice"
+        rel = f"kubepods.slice/kubepods-burstable.slice/{slice_}"
+        (proc / str(10_000 + i)).mkdir(parents=True)
+        (proc / str(10_000 + i) / "cgroup").write_text(f"0::/{rel}/cri-containerd-{i}.scope\n")
+        pod = cgroup / rel
+        pod.mkdir(parents=True)
+        (pod / "cpu.stat").write_text((real / "cgroupv2-pod-cpu.stat").read_text())
+        (pod / "cpu.max").write_text("200000 100000\n")
+        (pod / "cpu.pressure").write_text((real / "cgroupv2-cpu.pressure").read_text())
+        (pod / "io.pressure").write_text((real / "cgroupv2-cpu.pressure").read_text())
+    return ["--process-util", "--proc-root", str(proc), "--cgroup-root", str(cgroup)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--period", type=float, default=5.0)
     parser.add_argument("--passes", type=int, default=12, help="measured after the first flush")
+    parser.add_argument(
+        "--signals",
+        action="store_true",
+        help="also read SPEC §10 signals: each card's PCIe/NVLink, and the cgroup of the pod "
+        "of a process on each card (--process-util, a fake /proc and cgroup v2 tree)",
+    )
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-sampler-", dir="/tmp"))
     try:
@@ -84,7 +112,15 @@ def main() -> None:
             }
             for i in range(args.gpus)
         ]
-        write_script(script, render_script(devices))
+        procs: dict[int, list[dict[str, object]]] = {}
+        extra: list[str] = []
+        if args.signals:
+            for i, dev in enumerate(devices):
+                dev.update(pcie_tx=1000, pcie_rx=2000, pcie_gen=5, pcie_width=16)
+                dev.update(nvlinks=18, nvlink_tx=10, nvlink_rx=10)
+                procs[i] = [{"pid": 10_000 + i, "sm": 30}]
+            extra = fake_pod_tree(tmp, args.gpus)
+        write_script(script, render_script(devices, procs=procs))
         kubelet = FakePodResources(tmp / "kubelet.sock").start()
         kubelet.containers = [
             FakeContainer("team-a", f"job-{i}", "main", "nvidia.com/gpu", [f"GPU-{i:08d}"])
@@ -95,7 +131,7 @@ def main() -> None:
         command = [sys.executable, "-m", "auditor", "--db", f"sqlite:///{tmp / 'a.db'}"]
         command += ["sample", "--node", "bench", "--buffer-dir", str(tmp / "buffer")]
         command += ["--pod-resources", str(kubelet.socket), "--period", str(args.period)]
-        command += ["--metrics-port", str(port), "--metrics-host", "127.0.0.1"]
+        command += ["--metrics-port", str(port), "--metrics-host", "127.0.0.1", *extra]
         proc = subprocess.Popen(command, env=env, cwd=ROOT, stderr=subprocess.DEVNULL)
         url = f"http://127.0.0.1:{port}/metrics"
         # Scraping costs the sampler CPU too: two scrapes only, after the first flush (at
@@ -114,8 +150,10 @@ def main() -> None:
         samples = passes * args.gpus
         cpu = cpu1 - cpu0
         print(
-            f"{args.gpus} GPUs, {args.period:g}s period, {passes:.0f} passes measured: "
-            f"CPU {cpu * 1000 / samples:.3f} ms per GPU-sample "
+            f"{args.gpus} GPUs, {args.period:g}s period, {passes:.0f} passes measured"
+            f"{' (with signals)' if args.signals else ''}: "
+            f"CPU {cpu * 1000 / passes:.2f} ms per pass, "
+            f"{cpu * 1000 / samples:.3f} ms per GPU-sample "
             f"({cpu / (passes * args.period) * 100:.3f}% of one core), "
             f"resident memory {peak_rss / 1024:.1f} MiB (VmRSS), "
             f"max RSS {last['auditor_sampler_max_resident_bytes'] / 2**20:.1f} MiB"

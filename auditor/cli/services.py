@@ -107,6 +107,14 @@ def sample(
             help="The host's /proc, where --process-util finds each process's pod.",
         ),
     ] = Path("/proc"),
+    cgroup_root: Annotated[
+        Path | None,
+        typer.Option(
+            "--cgroup-root",
+            help="The host's /sys/fs/cgroup: read the CPU limit use, throttling and pressure "
+            "of the pods on the cards each pass (needs --process-util).",
+        ),
+    ] = None,
     log_format: LogFormatOption = LogFormat.TEXT,
 ) -> None:
     """Sample this node's GPUs through NVML and record which pod holds each (the DaemonSet)."""
@@ -126,6 +134,7 @@ def sample(
             metrics_port=port_or_none(metrics_port),
             max_passes=passes,
             proc_root=proc_root if process_util else None,
+            cgroup_root=cgroup_root if process_util else None,
             json_logs=log_format is LogFormat.JSON,
         )
         jobs.sample(state.db_url, options, log=echo_err)

@@ -46,6 +46,7 @@ def sample(url: str, options: SampleOptions, *, log: Callable[[str], None]) -> N
     from prometheus_client import CollectorRegistry
 
     from auditor.agents.sample.buffer import DiskBuffer
+    from auditor.agents.sample.cgroup_signals import CgroupSignals
     from auditor.agents.sample.metrics import SamplerMetrics, serve
     from auditor.agents.sample.nvml import NvmlReader
     from auditor.agents.sample.podresources import PodResourcesClient
@@ -85,6 +86,7 @@ def sample(url: str, options: SampleOptions, *, log: Callable[[str], None]) -> N
         metrics=metrics,
         settings=SamplerSettings(period_s=options.period_s, flush_every_s=options.flush_every_s),
         streaks=streaks,
+        cgroups=None if options.cgroup_root is None else CgroupSignals(options.cgroup_root),
     )
     server = None
     if options.metrics_port is not None:

@@ -9,19 +9,33 @@ back, to be tried again on the next flush.
 A GPU the store already has on another node (or as another model) is not written: moving it
 would move its past samples. Its samples and holdings are skipped and reported back, and
 the other cards of the batch are written as usual.
+
+Pods' cgroup signals go to `pod_signals` (source `cgroup`), cards' PCIe and NVLink traffic
+to `card_signals` (SPEC §10), replacing a replayed pass's rows.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from sqlalchemy import Connection, Engine, select
 
 from auditor.errors import shown
-from auditor.model import Batch, GpuRecord, Holding, Written, merge_holdings
+from auditor.model import (
+    Batch,
+    CardSignal,
+    GpuRecord,
+    Holding,
+    PodSignal,
+    Written,
+    merge_holdings,
+)
 from auditor.store.bounds import RowError, check_row, is_data_error
 from auditor.store.schema import gpus, pods
+from auditor.store.signals import write_card_signals, write_pod_signals
 from auditor.store.writes import (
     ShareSeen,
     gpu_conflicts,
@@ -72,6 +86,17 @@ class StoreSink:
             insert_tenant_samples(
                 conn, [t for b in batches for t in b.tenants if t.gpu_uuid not in refused], ids
             )
+            pod_rows = {(p.pod_uid, p.ts_ms): p for b in batches for p in b.pod_signals}
+            write_pod_signals(conn, [{"source": "cgroup", **_fields(p)} for p in pod_rows.values()])
+            card_rows = {
+                (c.gpu_uuid, c.ts_ms): c
+                for b in batches
+                for c in b.card_signals
+                if c.gpu_uuid in ids
+            }
+            write_card_signals(
+                conn, [{**_fields(c), "gpu_id": ids[c.gpu_uuid]} for c in card_rows.values()]
+            )
             shares: dict[tuple[str, int], ShareSeen] = {}
             seen, unresolved = resolve_holdings(
                 conn, holdings, ids, slack_ms=self.slack_ms, shares=shares
@@ -82,6 +107,10 @@ class StoreSink:
     def is_refusal(self, error: BaseException) -> bool:
         """Did the database refuse a write for its data, rather than fail itself?"""
         return is_data_error(error)
+
+
+def _fields(row: PodSignal | CardSignal) -> dict[str, Any]:
+    return {f.name: getattr(row, f.name) for f in dataclasses.fields(row)}
 
 
 def _unstorable(records: Iterable[GpuRecord]) -> set[str]:

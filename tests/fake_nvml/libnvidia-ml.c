@@ -12,6 +12,11 @@
  *          lost=1 mig_max=7               (one line in the file)
  *          sm_util=12                    (GPM SM utilisation, percent: Hopper and later; absent:
  *                                         the device does not support GPM)
+ *          pcie_tx=1000 pcie_rx=2000     (nvmlDeviceGetPcieThroughput, KB/s)
+ *          pcie_gen=4 pcie_width=16      (current PCIe link generation and width)
+ *          nvlinks=12 nvlink_tx=5 nvlink_rx=7   (NVLink links, and each link's data counters
+ *                                         NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX/RX in KiB, each
+ *                                         advancing by this many KiB per read)
  *   sample ts_us=1700000000000000 value=35      a buffered utilisation sample of the last device
  *   mig uuid=MIG-a name=... mem_total=... mem_used=...      a MIG instance of the last device
  *                                        (its name ends with its profile: NVIDIA+A100+MIG+1g.5gb)
@@ -19,6 +24,7 @@
  *                                        ts_us: stamped at the call, as a running process is)
  *   procs fail=3                         nvmlDeviceGetProcessUtilization of the last device
  *                                        answers this code
+ *   (the `proc` pids of a device are also its running compute processes)
  *
  * A field that is absent answers NVML_ERROR_NOT_SUPPORTED; a value `E<code>` answers that
  * error code (E15 GPU is lost, E999 unknown). `lost=1` makes every call on the device answer
@@ -55,6 +61,9 @@ typedef struct dev {
     int is_mig;
     struct dev *parent;
     field_t mem_total, mem_used, util, power_mw, sm_clock, throttle, temp, sm_util;
+    field_t pcie_tx, pcie_rx, pcie_gen, pcie_width, nvlink_tx, nvlink_rx;
+    int nvlinks;
+    unsigned long long nvlink_reads;
     int samples_mode; /* 0 none, 1 scripted, 2 synthetic */
     long long sample_us;
     int n_samples;
@@ -104,6 +113,13 @@ static void set_key(dev_t_ *d, const char *key, const char *value) {
     else if (!strcmp(key, "throttle")) parse_field(&d->throttle, value);
     else if (!strcmp(key, "temp")) parse_field(&d->temp, value);
     else if (!strcmp(key, "sm_util")) parse_field(&d->sm_util, value);
+    else if (!strcmp(key, "pcie_tx")) parse_field(&d->pcie_tx, value);
+    else if (!strcmp(key, "pcie_rx")) parse_field(&d->pcie_rx, value);
+    else if (!strcmp(key, "pcie_gen")) parse_field(&d->pcie_gen, value);
+    else if (!strcmp(key, "pcie_width")) parse_field(&d->pcie_width, value);
+    else if (!strcmp(key, "nvlink_tx")) parse_field(&d->nvlink_tx, value);
+    else if (!strcmp(key, "nvlink_rx")) parse_field(&d->nvlink_rx, value);
+    else if (!strcmp(key, "nvlinks")) d->nvlinks = atoi(value);
     else if (!strcmp(key, "lost")) d->lost = atoi(value);
     else if (!strcmp(key, "mig_max")) d->mig_max = atoi(value);
     else if (!strcmp(key, "sample_us")) d->sample_us = atoll(value);
@@ -454,5 +470,62 @@ int nvmlGpmMetricsGet(gpm_get_t *get) {
         m->ret = d->sm_util.err ? d->sm_util.err : OK;
         m->value = (double)d->sm_util.v;
     }
+    return OK;
+}
+
+FIELD_GETTER(nvmlDeviceGetCurrPcieLinkGeneration, pcie_gen, unsigned, 1)
+FIELD_GETTER(nvmlDeviceGetCurrPcieLinkWidth, pcie_width, unsigned, 1)
+
+int nvmlDeviceGetPcieThroughput(void *handle, int counter, unsigned *value) {
+    dev_t_ *d; int rc = check(handle, &d); if (rc) return rc;
+    field_t *f = counter == 0 ? &d->pcie_tx : counter == 1 ? &d->pcie_rx : NULL;
+    if (!f) return E_INVALID;
+    if (!f->present) return E_NOT_SUPPORTED;
+    if (f->err) return f->err;
+    *value = (unsigned)f->v;
+    return OK;
+}
+
+/* Field values: NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX (138) / _RX (139) per link (scopeId
+ * below `nvlinks`), a counter in KiB growing by nvlink_tx/rx KiB at each call. */
+typedef struct {
+    unsigned field_id, scope_id;
+    long long timestamp, latency_us;
+    int value_type, ret;
+    unsigned long long value;
+} field_value_t;
+
+int nvmlDeviceGetFieldValues(void *handle, int count, field_value_t *values) {
+    dev_t_ *d; int rc = check(handle, &d); if (rc) return rc;
+    unsigned long long now = now_us();
+    d->nvlink_reads++;
+    for (int i = 0; i < count; i++) {
+        field_value_t *v = &values[i];
+        field_t *f = v->field_id == 138 ? &d->nvlink_tx : v->field_id == 139 ? &d->nvlink_rx : NULL;
+        v->timestamp = (long long)now;
+        v->latency_us = 0;
+        if (!f || !f->present || (int)v->scope_id >= d->nvlinks) { v->ret = E_NOT_SUPPORTED; continue; }
+        if (f->err) { v->ret = f->err; continue; }
+        v->ret = OK;
+        v->value_type = 3;
+        v->value = (unsigned long long)f->v * d->nvlink_reads;
+    }
+    return OK;
+}
+
+typedef struct { unsigned pid; unsigned long long used; unsigned gi, ci; } proc_info_t;
+
+int nvmlDeviceGetComputeRunningProcesses_v3(void *handle, unsigned *count, proc_info_t *out) {
+    dev_t_ *d; int rc = check(handle, &d); if (rc) return rc;
+    if (!count) return E_INVALID;
+    unsigned n = (unsigned)d->n_procs;
+    if (n == 0) { *count = 0; return OK; }
+    if (!out || *count < n) { *count = n; return E_INSUFFICIENT; }
+    for (unsigned i = 0; i < n; i++) {
+        out[i].pid = d->proc_pid[i];
+        out[i].used = 1ULL << 20;
+        out[i].gi = out[i].ci = 0xFFFFFFFFu;
+    }
+    *count = n;
     return OK;
 }

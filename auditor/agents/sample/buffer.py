@@ -22,7 +22,16 @@ from dataclasses import astuple
 from pathlib import Path
 
 from auditor.errors import AuditorError
-from auditor.model import Batch, GpuRecord, GpuSample, Holding, TenantSample, merge_holdings
+from auditor.model import (
+    Batch,
+    CardSignal,
+    GpuRecord,
+    GpuSample,
+    Holding,
+    PodSignal,
+    TenantSample,
+    merge_holdings,
+)
 from auditor.settings import BUFFER_MAX_MIB
 
 log = logging.getLogger(__name__)
@@ -35,21 +44,25 @@ def encode_batch(batch: Batch) -> str:
             [astuple(s) for s in batch.samples],
             [astuple(h) for h in batch.holdings],
             [astuple(t) for t in batch.tenants],
+            [astuple(p) for p in batch.pod_signals],
+            [astuple(c) for c in batch.card_signals],
         ],
         separators=(",", ":"),
     )
 
 
 def decode_batch(text: str) -> Batch:
-    """A batch as `encode_batch` wrote it, or as an earlier version did (no tenants, records
-    with fewer fields): a buffer kept over an upgrade is still written."""
+    """A batch as `encode_batch` wrote it, or as an earlier version did (no tenants or
+    signals, records with fewer fields): a buffer kept over an upgrade is still written."""
     gpus, samples, holdings, *rest = json.loads(text)
-    tenants = rest[0] if rest else []
+    tenants, pod_signals, card_signals = [*rest, [], [], []][:3]
     return Batch(
         tuple(GpuRecord(*g) for g in gpus),
         tuple(GpuSample(*s) for s in samples),
         tuple(Holding(*h) for h in holdings),
         tuple(TenantSample(*t) for t in tenants),
+        tuple(PodSignal(*p) for p in pod_signals),
+        tuple(CardSignal(*c) for c in card_signals),
     )
 
 

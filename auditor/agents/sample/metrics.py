@@ -49,6 +49,24 @@ class SamplerMetrics:
             "cgroup was read), per pass (--process-util).",
             registry=registry,
         )
+        self.pod_signals = Counter(
+            f"{PREFIX}_pod_signals",
+            "GPU pods' cgroup signal rows read (--cgroup-root).",
+            registry=registry,
+        )
+        self.cgroup_errors = Counter(
+            f"{PREFIX}_cgroup_errors",
+            "GPU pods whose cgroup files could not be read or parsed in a pass (skipped).",
+            registry=registry,
+        )
+        self.card_signals = Counter(
+            f"{PREFIX}_card_signals", "Cards' PCIe/NVLink signal rows read.", registry=registry
+        )
+        self.unsupported_card_signals = Counter(
+            f"{PREFIX}_unsupported_card_signals",
+            "Card signals (PCIe throughput, link, NVLink) NVML could not give, per card and pass.",
+            registry=registry,
+        )
         self.store_errors = Counter(
             f"{PREFIX}_store_errors", "Failed writes to the store.", registry=registry
         )

@@ -21,6 +21,14 @@ Per-process utilisation (optional, SPEC §7): with a proc root given, each whole
 each process is put in its pod through `/proc/<pid>/cgroup` (`auditor.agents.sample.cgroups`),
 and summed per pod: one `TenantSample` per pod and card, stamped like the card's sample.
 Processes outside pods are left out. It needs the host's PID namespace (`hostPID: true`).
+The pods of every process running on a card (busy or not) are listed too, for the sampler
+to read their cgroups.
+
+Card signals (SPEC §10), per whole card, each `None` where NVML cannot give it (counted,
+never fatal): PCIe throughput (`nvmlDeviceGetPcieThroughput` TX + RX, KB/s) as bytes/s;
+the link's bandwidth from its current generation and width (one direction); NVLink data
+bytes/s from the per-link `NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX/RX` counters (KiB) between
+two reads. A MIG instance has none (the parent's traffic is not its own).
 """
 
 from __future__ import annotations
@@ -36,9 +44,26 @@ import pynvml
 
 from auditor.agents.sample.cgroups import PodsOfProcesses
 from auditor.errors import AuditorError
-from auditor.model import GpuRecord, GpuSample, TenantSample, Window
+from auditor.model import CardSignal, GpuRecord, GpuSample, TenantSample, Window
 
 MIB = 1 << 20
+GT_PER_LANE = {1: 2.5, 2: 5.0, 3: 8.0, 4: 16.0, 5: 32.0, 6: 64.0}
+"""PCIe transfer rate per lane by generation (GT/s)."""
+NVLINK_FIELDS = (
+    pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,
+    pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX,
+)
+NVLINK_MAX_LINKS = 18
+"""Links asked for (18 on Hopper); a link the card lacks answers NOT_SUPPORTED."""
+
+
+def pcie_link_bytes_s(generation: int | None, width: int | None) -> float | None:
+    """A PCIe link's bandwidth in bytes/s, one direction: GT/s per lane times the lanes,
+    less the line code (8b/10b up to gen 2, 128b/130b after); None where unknown."""
+    if generation is None or width is None or generation not in GT_PER_LANE or width <= 0:
+        return None
+    code = 8 / 10 if generation <= 2 else 128 / 130
+    return GT_PER_LANE[generation] * 1e9 * code * width / 8
 
 
 class DriverError(AuditorError):
@@ -69,6 +94,12 @@ class Reading:
     """Per-pod utilisation of whole cards (only with per-process utilisation on)."""
     unattributed: int = 0
     """Processes using a card this pass that are in no pod (or gone before looked up)."""
+    card_signals: tuple[CardSignal, ...] = ()
+    """Whole cards' PCIe and NVLink traffic (SPEC §10)."""
+    card_pods: tuple[str, ...] = ()
+    """Pods with a process running on a card (with a proc root): whose cgroups to read."""
+    unsupported_signals: int = 0
+    """Card signals NVML could not give this pass (one per card and signal)."""
 
 
 def _optional(call: Callable[..., Any], *args: Any) -> Any:
@@ -117,6 +148,10 @@ class NvmlReader:
         self._gpm: dict[str, Any] = {}
         """Per card with GPM support: its GPM sample of the previous read (None: none yet)."""
         self._no_gpm: set[str] = set()
+        self._nvlink: dict[str, tuple[int, int]] = {}
+        """Per card: (ms, KiB) of its NVLink data counters (tx + rx) at the previous read."""
+        self._no_nvlink: set[str] = set()
+        self._unsupported = 0
 
     def open(self) -> None:
         try:
@@ -148,7 +183,10 @@ class NvmlReader:
         samples: list[GpuSample] = []
         problems: list[DeviceProblem] = []
         tenants: list[TenantSample] = []
+        cards: list[CardSignal] = []
+        card_pods: set[str] = set()
         self._unattributed = 0
+        self._unsupported = 0
         for index in range(count):
             uuid: str | None = None
             try:
@@ -164,6 +202,8 @@ class NvmlReader:
                             window=Window(start_ms, now_ms),
                             out=(gpus, samples),
                         )
+                        if self._pods is not None:
+                            card_pods |= self._running_pods(mig)
                 else:
                     self._read_device(
                         handle,
@@ -172,8 +212,10 @@ class NvmlReader:
                         window=Window(start_ms, now_ms),
                         out=(gpus, samples),
                     )
+                    cards.append(self._card_signal(handle, uuid, start_ms, now_ms))
                     if self._pods is not None:
                         tenants += self._tenants(handle, uuid, start_ms)
+                        card_pods |= self._running_pods(handle)
             except pynvml.NVMLError as e:
                 problems.append(DeviceProblem(index, uuid, str(e)))
         return Reading(
@@ -183,7 +225,51 @@ class NvmlReader:
             tuple(problems),
             tuple(tenants),
             self._unattributed,
+            tuple(cards),
+            tuple(sorted(card_pods)),
+            self._unsupported,
         )
+
+    def _running_pods(self, handle: Any) -> set[str]:
+        """The pods of the processes running on a device (idle ones too: a process holding
+        a context is listed, whether it computes or not)."""
+        assert self._pods is not None
+        found = _optional(pynvml.nvmlDeviceGetComputeRunningProcesses, handle) or []
+        pods = {self._pods.pod_of(int(p.pid)) for p in found}
+        return {p for p in pods if p is not None}
+
+    def _card_signal(self, handle: Any, uuid: str, start_ms: int, now_ms: int) -> CardSignal:
+        """A whole card's PCIe throughput (TX + RX, KB/s as NVML gives it), its link's
+        bandwidth and its NVLink traffic since the previous read; each None (and counted)
+        where NVML cannot give it."""
+        tx = _optional(pynvml.nvmlDeviceGetPcieThroughput, handle, pynvml.NVML_PCIE_UTIL_TX_BYTES)
+        rx = _optional(pynvml.nvmlDeviceGetPcieThroughput, handle, pynvml.NVML_PCIE_UTIL_RX_BYTES)
+        pcie = None if tx is None or rx is None else (float(tx) + float(rx)) * 1000.0
+        link = pcie_link_bytes_s(
+            _optional(pynvml.nvmlDeviceGetCurrPcieLinkGeneration, handle),
+            _optional(pynvml.nvmlDeviceGetCurrPcieLinkWidth, handle),
+        )
+        nvlink = self._nvlink_bytes_s(handle, uuid, now_ms)
+        self._unsupported += sum(v is None for v in (pcie, link)) + (uuid in self._no_nvlink)
+        return CardSignal(uuid, start_ms, pcie, link, nvlink)
+
+    def _nvlink_bytes_s(self, handle: Any, uuid: str, now_ms: int) -> float | None:
+        """NVLink data bytes/s (TX + RX, all links) since the previous read, from the
+        per-link data counters (KiB); None on the first read, or where not supported."""
+        if uuid in self._no_nvlink:
+            return None
+        ids = [(f, link) for link in range(NVLINK_MAX_LINKS) for f in NVLINK_FIELDS]
+        values = _optional(pynvml.nvmlDeviceGetFieldValues, handle, ids)
+        read = [v for v in values or () if v.nvmlReturn == pynvml.NVML_SUCCESS]
+        if not read:
+            self._no_nvlink.add(uuid)  # no NVLink (PCIe card), or no counters: not asked again
+            return None
+        kib = sum(int(v.value.ullVal) for v in read)
+        previous = self._nvlink.get(uuid)
+        self._nvlink[uuid] = (now_ms, kib)
+        if previous is None or now_ms <= previous[0] or kib < previous[1]:
+            return None
+        return (kib - previous[1]) * 1024.0 / ((now_ms - previous[0]) / 1000.0)
 
     def _tenants(self, handle: Any, uuid: str, stamp_ms: int) -> list[TenantSample]:
         """Per-pod utilisation of a whole card since the last read: each process's samples

@@ -6,7 +6,9 @@ stops the loop); every `flush_every_s` it writes the buffered passes, oldest fir
 batches, to the sink. A store outage leaves passes in the buffer (bounded, oldest dropped
 and counted) until the store is back. A failing device or pod-resources call is counted and
 the pass goes on; a GPU the store has on another node (or as another model) is skipped,
-warned about once and counted, the other cards going on; only NVML failing as a whole
+warned about once and counted, the other cards going on; with a cgroup root, each pass
+also reads the cgroup signals of the pods whose processes use the cards (SPEC §10), a pod
+whose files fail being logged, counted and skipped; only NVML failing as a whole
 (`DriverError`) ends the loop, so that the DaemonSet restarts the sampler.
 """
 
@@ -15,7 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -24,7 +26,16 @@ from auditor.agents.sample.metrics import SamplerMetrics
 from auditor.agents.sample.podresources import DeviceHolder, normalise_device_id
 from auditor.agents.sample.streaks import IdleStreaks
 from auditor.errors import AuditorError
-from auditor.model import Batch, GpuConflict, GpuRecord, GpuSample, Holding, Written
+from auditor.model import (
+    Batch,
+    GpuConflict,
+    GpuRecord,
+    GpuSample,
+    Holding,
+    PodSignal,
+    TenantSample,
+    Written,
+)
 from auditor.settings import SAMPLE_FLUSH_EVERY_S, SAMPLE_PERIOD_S
 
 log = logging.getLogger(__name__)
@@ -47,6 +58,15 @@ class Reader(Protocol):
     """Reads the node's devices (the NVML reader, or a fake)."""
 
     def read(self) -> NodeReading: ...
+
+
+class PodCgroups(Protocol):
+    """Reads pods' cgroup signals since the last pass
+    (`auditor.agents.sample.cgroup_signals.CgroupSignals` is one)."""
+
+    def read(
+        self, pod_uids: Iterable[str], *, now_ms: int
+    ) -> tuple[Sequence[PodSignal], Sequence[Exception]]: ...
 
 
 class HolderSource(Protocol):
@@ -112,6 +132,7 @@ class Sampler:
         settings: SamplerSettings = SamplerSettings(),
         clock: Callable[[], float] = time.time,
         streaks: IdleStreaks | None = None,
+        cgroups: PodCgroups | None = None,
     ) -> None:
         self.reader = reader
         self.holders = holders
@@ -122,6 +143,8 @@ class Sampler:
         self.clock = clock
         self.streaks = streaks
         """Exports each held card's idle streak on /metrics (None: not exported)."""
+        self.cgroups = cgroups
+        """Reads the GPU pods' cgroup signals each pass (None: not read)."""
         self.stop = threading.Event()
         self._flushing = threading.Lock()
         self._conflicting: set[str] = set()
@@ -145,7 +168,13 @@ class Sampler:
         tenants = tuple(getattr(reading, "tenants", ()))  # a reader may read none
         self.metrics.tenant_samples.inc(len(tenants))
         self.metrics.unattributed_processes.inc(getattr(reading, "unattributed", 0))
-        batch = Batch(tuple(reading.gpus), tuple(reading.samples), held, tenants)
+        cards = tuple(getattr(reading, "card_signals", ()))
+        self.metrics.card_signals.inc(len(cards))
+        self.metrics.unsupported_card_signals.inc(getattr(reading, "unsupported_signals", 0))
+        pod_signals = self._pod_signals(reading, tenants)
+        batch = Batch(
+            tuple(reading.gpus), tuple(reading.samples), held, tenants, pod_signals, cards
+        )
         if self.streaks is not None and mapped:  # a failed mapping keeps the streaks as they were
             self.streaks.update(taken_ms=reading.taken_ms, samples=reading.samples, held=held)
         dropped = self.buffer.push(batch)
@@ -158,6 +187,26 @@ class Sampler:
             seconds=time.perf_counter() - started,
         )
         return reading
+
+    def _pod_signals(
+        self, reading: NodeReading, tenants: Sequence[TenantSample]
+    ) -> tuple[PodSignal, ...]:
+        """The cgroup signals of the pods on the node's cards (their processes' pods); a
+        pod whose files fail is logged, counted and skipped."""
+        if self.cgroups is None:
+            return ()
+        pods = {t.pod_uid for t in tenants} | set(getattr(reading, "card_pods", ()))
+        try:
+            found, errors = self.cgroups.read(pods, now_ms=reading.taken_ms)
+        except Exception as e:  # never the pass: a broken tree is counted
+            self.metrics.cgroup_errors.inc(len(pods))
+            log.warning("cgroup signals unreadable: %s", e)
+            return ()
+        for error in errors:
+            log.warning("cgroup signal skipped: %s", error)
+        self.metrics.cgroup_errors.inc(len(errors))
+        self.metrics.pod_signals.inc(len(found))
+        return tuple(found)
 
     def flush(self) -> bool:
         """Write buffered passes, oldest first, until empty or the store fails."""
