@@ -36,7 +36,7 @@ from auditor.store.schema import card_signals, pod_signals
 
 __all__ = ["fake_nvml_library"]
 
-FIXTURES = Path(__file__).parent / "fixtures" / "signals"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "signals"
 UID = "2fdafb62-3de2-43e6-900a-eda4bf1982db"
 T0 = 1_700_000_000.0
 
