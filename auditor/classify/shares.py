@@ -56,13 +56,11 @@ import pandas as pd
 from auditor.classify.arrays import BoolArr, FloatArr, IntArr, ObjArr
 from auditor.classify.coverage import SampleTable
 from auditor.classify.mig import Layout, layouts, state, weight_at
+from auditor.classify.tenant_split import EPS, Tenant, split_card
 from auditor.model import Window
 
 SEP = "\x1f"
 """Separates a physical card's UUID from the tenant in a virtual card's key."""
-
-EPS = 1e-9
-"""Shares within this of 1 count as 1; sums within this of 1 are not oversubscribed."""
 
 
 @dataclass(frozen=True)
@@ -118,19 +116,6 @@ def _activity_by_tenant(
     return out
 
 
-def _nearest(ts: IntArr, values: FloatArr, at: IntArr, *, within: int) -> FloatArr:
-    """Per instant in `at`, the value of the nearest `ts` no further than `within`, else NaN."""
-    out = np.full(at.size, np.nan)
-    if ts.size == 0:
-        return out
-    right = np.clip(np.searchsorted(ts, at, side="left"), 0, ts.size - 1)
-    left = np.clip(right - 1, 0, ts.size - 1)
-    pick = np.where(np.abs(ts[left] - at) <= np.abs(ts[right] - at), left, right)
-    ok = np.abs(ts[pick] - at) <= within
-    out[ok] = values[pick[ok]]
-    return out
-
-
 @dataclass
 class _Blocks:
     """Per-card blocks of the expanded sample table, in card order."""
@@ -173,15 +158,6 @@ class _Blocks:
         self.covered.append(covered)
         self.gap.append(gap)
         self.estimated.append(estimated)
-
-
-@dataclass(frozen=True)
-class _Tenant:
-    row: int
-    pod: str
-    start: int
-    end: int
-    share: float
 
 
 def expand(
@@ -277,9 +253,9 @@ def expand(
                 dropped_rows.append(t_row)
                 continue
             share = float(rec["share"]) if pd.notna(rec["share"]) else math.nan
-            tenants.append(_Tenant(t_row, str(rec["pod_uid"]), start, end, share))
+            tenants.append(Tenant(t_row, str(rec["pod_uid"]), start, end, share))
             moved_rows.append(t_row)
-        free, virtual, over = _split_card(
+        free, virtual, over = split_card(
             uuid=uuid,
             ts=st.ts[sl],
             util=st.util[sl],
@@ -444,174 +420,6 @@ def _table(
         first=first,
         last_end=last_end,
     )
-
-
-def _split_card(
-    *,
-    uuid: str,
-    ts: IntArr,
-    util: FloatArr,
-    cov_end: IntArr,
-    last_end: int,
-    throttle: IntArr,
-    period: int,
-    tenants: list[_Tenant],
-    by_tenant: dict[tuple[str, str], tuple[IntArr, FloatArr]],
-    window: Window,
-    more_cuts: IntArr | None = None,
-) -> tuple[
-    dict[str, np.ndarray],
-    list[tuple[_Tenant, dict[str, np.ndarray]]],
-    list[tuple[str, int, int, float, str]],
-]:
-    """One shared card: its free-share pseudo-samples and one set per tenant."""
-    cuts = np.array([t.start for t in tenants] + [t.end for t in tenants], dtype=np.int64)
-    if more_cuts is not None:
-        cuts = np.concatenate([cuts, more_cuts])
-    cuts = cuts[(cuts > ts[0]) & (cuts < last_end)]
-    points = np.union1d(ts, cuts).astype(np.int64)
-    m = points.size
-    parent = np.searchsorted(ts, points, side="right") - 1
-    ends = np.append(points[1:], last_end).astype(np.int64)
-    p_cov = np.minimum(np.maximum(cov_end[parent], points), ends)
-    card_u = util[parent] / 100.0  # NaN where unreadable
-
-    ranges = [
-        (int(np.searchsorted(points, t.start)), int(np.searchsorted(points, t.end)))
-        for t in tenants
-    ]
-    count = np.zeros(m + 1)
-    explicit = np.zeros(m + 1)
-    for t, (j0, j1) in zip(tenants, ranges, strict=True):
-        count[j0] += 1
-        count[j1] -= 1
-        if not math.isnan(t.share):
-            explicit[j0] += t.share
-            explicit[j1] -= t.share
-    n = np.cumsum(count)[:m]
-    n_safe = np.maximum(n, 1)
-    explicit_sum = np.cumsum(explicit)[:m]
-    n_nan = n.copy()
-    for t, (j0, j1) in zip(tenants, ranges, strict=True):
-        if not math.isnan(t.share):
-            n_nan[j0:j1] -= 1
-    total = explicit_sum + n_nan / n_safe
-    scaled = total > 1.0 + EPS
-    factor = np.where(scaled, 1.0 / np.where(total > 0, total, 1.0), 1.0)
-    free = np.where(n > 0, np.maximum(0.0, 1.0 - total * factor), 1.0)
-
-    # Pass 1: each tenant's share at each instant and its measured activity.
-    shares: list[FloatArr] = []
-    measured: list[FloatArr] = []
-    k_sum = np.zeros(m)
-    for t, (j0, j1) in zip(tenants, ranges, strict=True):
-        raw = np.full(j1 - j0, t.share) if not math.isnan(t.share) else 1.0 / n_safe[j0:j1]
-        shares.append(raw * factor[j0:j1])
-        got = by_tenant.get((uuid, t.pod))
-        if got is None:
-            meas = np.full(j1 - j0, np.nan)
-        else:
-            meas = _nearest(got[0], got[1], ts[parent[j0:j1]], within=period // 2)
-        measured.append(meas)
-        k_sum[j0:j1] += np.nan_to_num(meas)
-    # Instants where nothing was measured (or all measured nothing while the card was
-    # active) split U by share; where the card did nothing, nobody did.
-    trust = (k_sum > 0) | (card_u == 0)
-    unmeasured_share = np.zeros(m)
-    for (j0, j1), s, meas in zip(ranges, shares, measured, strict=True):
-        unknown = np.isnan(meas) | ~trust[j0:j1]
-        unmeasured_share[j0:j1] += np.where(unknown, s, 0.0)
-
-    # Pass 2: each tenant's activity and unused capacity.
-    acts: list[FloatArr] = []
-    unused: list[FloatArr] = []
-    estimated: list[BoolArr] = []
-    unused_sum = np.zeros(m)
-    for (j0, j1), s, meas in zip(ranges, shares, measured, strict=True):
-        big_u = card_u[j0:j1]
-        k = k_sum[j0:j1]
-        rest_share = unmeasured_share[j0:j1]
-        unknown = np.isnan(meas) | ~trust[j0:j1]
-        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-            from_measure = np.where(
-                rest_share > 0, meas * np.minimum(1.0, big_u / k), meas * big_u / k
-            )
-            leftover = np.where(trust[j0:j1], np.maximum(0.0, big_u - k), big_u)
-            from_share = leftover * s / np.where(rest_share > 0, rest_share, 1.0)
-        u = np.where(big_u == 0, 0.0, np.where(unknown, from_share, from_measure))
-        free_cap = np.maximum(0.0, s - u)
-        acts.append(u)
-        unused.append(free_cap)
-        estimated.append(unknown & (n[j0:j1] >= 2) & (big_u > 0))
-        unused_sum[j0:j1] += np.nan_to_num(free_cap)
-    room = unused_sum + free
-    idle_total = 1.0 - card_u
-    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        free_covered = np.where(
-            np.isnan(card_u),
-            free,
-            np.where(room > 0, idle_total * free / np.where(room > 0, room, 1.0), 0.0)
-            + np.where(n > 0, 0.0, card_u),
-        )
-
-    virtual: list[tuple[_Tenant, dict[str, np.ndarray]]] = []
-    for t, (j0, j1), s, u, cap, est in zip(
-        tenants, ranges, shares, acts, unused, estimated, strict=True
-    ):
-        room_t = room[j0:j1]
-        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-            idle_part = np.where(
-                room_t > 0, idle_total[j0:j1] * cap / np.where(room_t > 0, room_t, 1.0), 0.0
-            )
-            share_util = np.minimum(1.0, u / s)
-            factor_t = np.where(share_util < 1.0, idle_part / (1.0 - share_util), 0.0)
-        virtual.append(
-            (
-                t,
-                {
-                    "ts": points[j0:j1],
-                    "util": share_util * 100.0,
-                    "cov_end": p_cov[j0:j1],
-                    "span_end": ends[j0:j1],
-                    "throttle": throttle[parent[j0:j1]],
-                    "busy": np.nan_to_num(u),
-                    "idle": np.nan_to_num(factor_t),
-                    "covered": s,
-                    "gap": s,
-                    "estimated": est,
-                },
-            )
-        )
-
-    over: list[tuple[str, int, int, float, str]] = []
-    if scaled.any():
-        lo = np.maximum(points, window[0])
-        hi = np.minimum(ends, window[1])
-        inside = scaled & (hi > lo)
-        if inside.any():
-            over.append(
-                (
-                    uuid,
-                    int(lo[inside].min()),
-                    int(hi[inside].max()),
-                    float((hi[inside] - lo[inside]).sum()) / 1000.0,
-                    f"tenants' shares add up to {float(total[inside].max()):.2f} of the card;"
-                    " scaled to 1",
-                )
-            )
-    free_arrays: dict[str, np.ndarray] = {
-        "ts": points,
-        "util": util[parent],
-        "cov_end": p_cov,
-        "span_end": ends,
-        "throttle": throttle[parent],
-        "covered": np.nan_to_num(free_covered),
-        "gap": free,
-        # kernels that ran while no tenant held the card: busy, though nobody's (free
-        # stretches while tenants are present carry only idle: their busy is the tenants')
-        "busy": np.where(n > 0, 0.0, np.nan_to_num(card_u)),
-    }
-    return free_arrays, virtual, over
 
 
 def on_physical_cards(

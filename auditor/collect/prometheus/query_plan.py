@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from auditor.collect.prometheus.client import PrometheusClient
+
+class SeriesCounter(Protocol):
+    """What planning asks of a client (`PrometheusClient` is one): how many series match."""
+
+    def series_count(self, metric: str, *, start_s: float, end_s: float) -> int | None: ...
+
 
 MAX_POINTS = 10_000
 """Grid points per series in one query, at most (Prometheus refuses more than 11,000)."""
@@ -30,7 +34,7 @@ where the cluster has many GPUs."""
 
 
 def points_per_query(
-    client: PrometheusClient, *, start_s: float, end_s: float, max_points: int
+    client: SeriesCounter, *, start_s: float, end_s: float, max_points: int
 ) -> int:
     """Grid points per chunk: `max_points`, fewer where many series would make a large
     answer (POINT_BUDGET in all)."""
