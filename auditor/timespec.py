@@ -82,16 +82,28 @@ def parse_window(start: str | None, end: str | None, since: str | None) -> tuple
     return parse_instant(start, option="--start"), parse_instant(end, option="--end")
 
 
+_OFFSET = re.compile(r"(?:UTC)?([+-])(\d{1,2})(?::?(\d{2}))?")
+
+
 def parse_tz(name: str | None) -> tzinfo | None:
-    """An IANA time zone name (`Europe/Berlin`); None stays None (UTC)."""
+    """An IANA time zone name (`Europe/Berlin`, with its daylight saving time), or a fixed
+    offset from UTC (`+02:00`, `-0530`, `UTC+2`); None stays None (UTC)."""
     if name is None:
         return None
+    from datetime import timedelta, timezone
     from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+    fixed = _OFFSET.fullmatch(name.strip())
+    if fixed is not None:
+        sign, hours, minutes = fixed.group(1), int(fixed.group(2)), int(fixed.group(3) or 0)
+        if hours > 14 or minutes >= 60 or hours * 60 + minutes > 14 * 60:
+            raise InputError(f"not an offset from UTC: {name[:40]!r}", field="--tz")
+        delta = timedelta(hours=hours, minutes=minutes)
+        return timezone(-delta if sign == "-" else delta)
     try:
         return ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError):
-        raise InputError(f"unknown time zone {name!r}", field="--tz") from None
+        raise InputError(f"unknown time zone {name[:40]!r}", field="--tz") from None
 
 
 def parse_day(text: str, *, now: datetime) -> tuple[int, int]:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from auditor.cli.app import file_progress, state, user_errors
+from auditor.cli.app import echo_err, file_progress, state, user_errors
 from auditor.cli.options import (
     BasicAuthPasswordFileOption,
     BasicAuthUserOption,
@@ -42,7 +42,9 @@ def import_nvidia_smi(
     tz: Annotated[
         str | None,
         typer.Option(
-            "--tz", help="The node's time zone (nvidia-smi prints local time). Default UTC."
+            "--tz",
+            help="The node's time zone (nvidia-smi prints local time): a name such as "
+            "Europe/Berlin, or an offset such as +02:00. Default UTC.",
         ),
     ] = None,
     columns: Annotated[
@@ -84,6 +86,14 @@ def import_nvidia_smi(
             f"imported {stats.rows} samples of {stats.gpus} GPUs from {file} in "
             f"{stats.seconds:.1f}s{already}"
         )
+        if stats.shifted_ms is not None and stats.rows:  # said once, when the copy is made
+            hours = abs(stats.shifted_ms) / 3_600_000
+            way = "earlier" if stats.shifted_ms < 0 else "later"
+            echo_err(
+                f"auditor: warning: {terminal_safe(str(file))}: its first readings are stored "
+                f"already, {hours:g} h {way}: the same log imported before with another --tz? "
+                "Both copies are now stored."
+            )
 
     each_file(files, one)
 

@@ -28,6 +28,9 @@ class ImportStats:
     seconds: float
     already: int = 0
     """Rows of the file that were stored already (a re-import, or files that overlap)."""
+    shifted_ms: int | None = None
+    """Where the store already held the file's first readings this many ms away (the same
+    file imported before with another `--tz`); None where it did not."""
 
 
 def open_store(url: str, *, read_only: bool = False) -> Engine:

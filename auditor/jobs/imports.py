@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import tzinfo
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from auditor.errors import InputError
 from auditor.jobs.common import (
@@ -21,6 +21,9 @@ from auditor.jobs.common import (
 from auditor.settings import Config
 
 if TYPE_CHECKING:
+    from sqlalchemy import Connection
+
+    from auditor.collect.nvidia_smi import SampleBlock
     from auditor.collect.prometheus import Auth
 
 FUTURE_MARGIN_S = 86_400
@@ -68,6 +71,8 @@ def import_nvidia_smi(
             not_after_ms=int((time.time() + FUTURE_MARGIN_S) * 1000),
             columns=columns,
         )
+        shifted: int | None = None
+        first = True
         for block in read_ahead(blocks):
             new = [g for g in block.records if known.get(g.uuid) != g]
             if new:  # a GPU stored on another node or as another model: refused, rolled back
@@ -76,11 +81,51 @@ def import_nvidia_smi(
                 )
                 known.update((g.uuid, g) for g in new)
             gpu_of = np.array([ids[r.uuid] for r in block.records], np.int64)
+            if first:  # before writing: is the file's start stored already, hours away?
+                shifted = _shifted(conn, block, gpu_of)
+                first = False
             batch = Columns(gpu_of[block.which], block.ts_ms, block.columns)
             rows += write_columns(conn, batch)
             offered += len(block)
     return ImportStats(
-        str(path), rows, len(ids), time.perf_counter() - started, already=offered - rows
+        str(path),
+        rows,
+        len(ids),
+        time.perf_counter() - started,
+        already=offered - rows,
+        shifted_ms=shifted,
+    )
+
+
+SHIFT_READINGS = 8
+"""Readings of the file's first card compared with what the store holds at each offset."""
+SHIFT_STEP_MS = 15 * 60_000
+"""Time zones differ by whole quarter hours."""
+SHIFT_REACH_MS = 14 * 3_600_000
+"""As far as two zones' offsets differ (UTC-12 to UTC+14 from a log's point of view)."""
+
+
+def _shifted(conn: Connection, block: SampleBlock, gpu_of: Any) -> int | None:
+    """The offset at which the store already holds the block's first readings of its first
+    card (`reads.shifted_copy`), or None; needs `SHIFT_READINGS` readable ones."""
+    import numpy as np
+
+    from auditor.store import reads
+
+    if "util" not in block.columns or not len(block):
+        return None
+    rows = np.flatnonzero(block.which == 0)
+    util = block.columns["util"][rows]
+    readable = rows[~np.isnan(util)][:SHIFT_READINGS]
+    if readable.size < SHIFT_READINGS or np.unique(block.columns["util"][readable]).size < 2:
+        return None  # too few, or all alike (an idle card matches itself at any offset)
+    return reads.shifted_copy(
+        conn,
+        gpu_id=int(gpu_of[0]),
+        ts_ms=[int(t) for t in block.ts_ms[readable]],
+        util=[float(u) for u in block.columns["util"][readable]],
+        step_ms=SHIFT_STEP_MS,
+        reach_ms=SHIFT_REACH_MS,
     )
 
 

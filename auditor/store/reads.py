@@ -388,3 +388,34 @@ def read_findings(conn: Connection, run_ids: Sequence[int]) -> pd.DataFrame:
         "detail",
     ]
     return _frame(conn, stmt, cols)
+
+
+def shifted_copy(
+    conn: Connection,
+    *,
+    gpu_id: int,
+    ts_ms: Sequence[int],
+    util: Sequence[float],
+    step_ms: int,
+    reach_ms: int,
+) -> int | None:
+    """The offset (a non-zero multiple of `step_ms` within `reach_ms`) at which the card
+    already holds every reading (`ts_ms[i]` + offset with utilisation `util[i]`), the
+    smallest first; None where no offset does."""
+    offsets = [k * step_ms for k in range(-(reach_ms // step_ms), reach_ms // step_ms + 1) if k]
+    wanted = sorted({int(t) + o for t in ts_ms for o in offsets})
+    held: dict[int, float | None] = {}
+    for i in range(0, len(wanted), 500):
+        stmt = select(gpu_samples.c.ts_ms, gpu_samples.c.util).where(
+            gpu_samples.c.gpu_id == gpu_id, gpu_samples.c.ts_ms.in_(wanted[i : i + 500])
+        )
+        held.update((int(t), u) for t, u in conn.execute(stmt))
+    for off in sorted(offsets, key=abs):
+        if all(
+            (int(t) + off) in held
+            and held[int(t) + off] is not None
+            and abs(float(held[int(t) + off] or 0.0) - u) < 1e-6
+            for t, u in zip(ts_ms, util, strict=True)
+        ):
+            return off
+    return None
