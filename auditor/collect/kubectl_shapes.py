@@ -7,8 +7,9 @@ kubectl writes, in one file or stream of values (JSON) or documents (YAML):
 - a single Pod or Node (a Pod may have no `kind` when it has a pod spec: a raw API list's
   items);
 - watch events `{"type": "ADDED" | "MODIFIED" | "DELETED" | "BOOKMARK" | "ERROR",
-  "object": {...}}`: BOOKMARK and unknown types are skipped, an ERROR (the API's
-  `410 Gone` Status) is an error;
+  "object": {...}}`: BOOKMARK and unknown types are skipped; an ERROR with the API's
+  `410 Gone` Status ends the watch (the events before it stand), any other ERROR is an
+  error;
 - several of these back to back.
 
 `read_records` opens the file, walks these shapes (`objects`) over a tokeniser, and turns
@@ -231,8 +232,10 @@ def _mapping(tokens: Tokens[W], line: int) -> Iterator[Found[W]]:
     if "type" in head and "object" in head:
         event = event_type(head)
         obj = head["object"]
-        if event == "ERROR":
+        if event == "ERROR" and not _expired(obj):
             raise _error(tokens, watch_error(obj), line=line, field="object")
+        if event == "ERROR":  # 410: the server ended the watch; what came before holds
+            return
         if event in CHANGE_EVENTS:  # BOOKMARK carries no object; unknown types are skipped
             yield _as_object(
                 tokens, obj, prefix="object", line=line, where=where, deleted=event == "DELETED"
@@ -275,6 +278,12 @@ def event_type(event: dict[str, Any]) -> str:
     """A watch event's `type`, shown as text when it is not a string."""
     kind = event["type"]
     return kind if isinstance(kind, str) else shown(kind)
+
+
+def _expired(obj: object) -> bool:
+    """A watch's `410 Gone`/`Expired` Status: the server ended the stream (its
+    resourceVersion grew too old), as every long `kubectl get -w` ends; not bad data."""
+    return isinstance(obj, dict) and obj.get("code") == 410
 
 
 def watch_error(obj: object) -> str:

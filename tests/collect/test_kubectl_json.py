@@ -371,9 +371,16 @@ def test_gpu_quantity_that_is_not_a_whole_number(tmp_path: Path) -> None:
     assert "whole number" in e.message
 
 
-def test_watch_error_event_stops_the_stream_at_its_line() -> None:
+def test_a_watch_that_ends_in_410_keeps_the_events_before_it() -> None:
+    """`kubectl get -w` saved to a file ends when the server expires the watch (410)."""
     path = PODS / "watch-expired.json"
-    text = path.read_text()
+    names = [r.name for r in read_kubectl_pods(path, teams=TEAMS)]
+    assert names[0] == "bert-eval-qz8tn"
+
+
+def test_another_watch_error_stops_the_stream_at_its_line(tmp_path: Path) -> None:
+    text = (PODS / "watch-expired.json").read_text().replace('"code": 410', '"code": 500')
+    path = write(tmp_path, "w.json", text)
     records = read_kubectl_pods(path, teams=TEAMS)
     assert next(records).name == "bert-eval-qz8tn"
     with pytest.raises(InputError) as e:
@@ -381,7 +388,7 @@ def test_watch_error_event_stops_the_stream_at_its_line() -> None:
     error_line = line_of(text, '"type": "ERROR"')
     start = error_line - text.split("\n")[:error_line][::-1].index("{")
     assert_names(e.value, path=path, line=start, field="object")
-    assert "410 Expired: too old resource version" in e.value.message
+    assert "500 Expired: too old resource version" in e.value.message
 
 
 def test_unknown_watch_event_types_are_skipped(tmp_path: Path) -> None:

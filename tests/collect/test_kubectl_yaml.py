@@ -82,8 +82,20 @@ def test_yaml_dump_of_each_fixture_gives_the_json_records(tmp_path: Path, source
     assert read(yaml_path) == expected
 
 
-def test_watch_error_in_a_yaml_stream_is_refused_at_its_document(tmp_path: Path) -> None:
+def test_a_yaml_watch_that_ends_in_410_keeps_the_events_before_it(tmp_path: Path) -> None:
     path = as_yaml(tmp_path, PODS / "watch-expired.json")
+    names = [r.name for r in read(path)]  # type: ignore[union-attr]
+    assert names[:1] == ["bert-eval-qz8tn"]
+    # the same events as the JSON reader keeps
+    assert names == [r.name for r in read(PODS / "watch-expired.json")]  # type: ignore[union-attr]
+
+
+def test_watch_error_in_a_yaml_stream_is_refused_at_its_document(tmp_path: Path) -> None:
+    source = tmp_path / "watch-500.json"
+    source.write_text(
+        (PODS / "watch-expired.json").read_text().replace('"code": 410', '"code": 500')
+    )
+    path = as_yaml(tmp_path, source)
     records = read_kubectl(path, teams=TEAMS)
     assert next(records).name == "bert-eval-qz8tn"  # type: ignore[union-attr]
     with pytest.raises(InputError) as e:
@@ -92,7 +104,7 @@ def test_watch_error_in_a_yaml_stream_is_refused_at_its_document(tmp_path: Path)
     assert lines[e.value.line - 1] in ("---", "object:") or "type: ERROR" in "\n".join(
         lines[e.value.line - 1 : e.value.line + 40]
     )
-    assert "410 Expired" in e.value.message
+    assert "500 Expired" in e.value.message
     assert e.value.field == "object"
 
 
