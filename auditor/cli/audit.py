@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from auditor.cli.app import emit, state, user_errors
+from auditor.cli.app import echo_err, emit, state, user_errors
 from auditor.cli.options import EndOption, OutOption, SinceOption, StartOption, ThresholdOption
 from auditor.errors import InputError
 from auditor.settings import Config
@@ -83,6 +83,12 @@ def audit(
         f"audit run {stats.run_id}: {stats.gpus} GPUs, {stats.samples} samples, "
         f"{stats.tenures} tenures in {stats.seconds:.1f}s"
     )
+    if stats.gpus and not stats.tenures:
+        echo_err(
+            "auditor: warning: no pod held any of these cards in the window: were the pods "
+            "imported (auditor import pods, or the watcher)? Every card's time is the "
+            "platform's, its kernel time busy of no pod."
+        )
 
 
 class WhatIfFormat(StrEnum):

@@ -56,7 +56,8 @@ def platform(db: str) -> dict[str, float]:
 
 def test_without_pods_the_kernel_time_is_busy_of_the_platform(tmp_path: Path, db: str) -> None:
     two_nodes(tmp_path, db)
-    cli(db, "audit", *WINDOW)
+    audited = cli(db, "audit", *WINDOW)
+    assert "no pod held any of these cards in the window: were the pods imported" in audited
 
     row = platform(db)
     # 4 cards x 10 min: 60 % of it busy, 40 % free capacity
