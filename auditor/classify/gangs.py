@@ -24,6 +24,7 @@ Names in `compare_with_gang` (arrays are flat, one entry per item of what the pr
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -113,11 +114,76 @@ def find_series(starts: IntArr, lengths: IntArr, *, thresholds: Thresholds) -> l
         members = group[(lengths[group] >= median / factor) & (lengths[group] <= median * factor)]
         if members.size < need:
             continue
-        gaps = np.diff(np.sort(starts[members])).astype(np.float64)
-        mean = float(gaps.mean())
-        if mean > 0 and float(gaps.std()) / mean <= thresholds.checkpoint_max_cv:
-            found.append(np.sort(members))
+        members = members[np.argsort(starts[members], kind="stable")]
+        kept = _regular_chain(
+            starts[members],
+            droppable=lengths[members] < np.median(lengths[members]),
+            need=need,
+            max_cv=thresholds.checkpoint_max_cv,
+        )
+        if kept is not None:
+            found.append(np.sort(members[kept]))
     return found
+
+
+def _cv(gaps: npt.NDArray[np.float64]) -> float:
+    mean = float(gaps.mean())
+    return float(gaps.std()) / mean if mean > 0 else math.inf
+
+
+def _regular_chain(
+    starts: IntArr, *, droppable: BoolArr, need: int, max_cv: float
+) -> IntArr | None:
+    """Positions of the gaps (sorted by start) whose start-to-start intervals are regular
+    (coefficient of variation at most `max_cv`): all of them when they are; else the chain
+    left after dropping, one at a time, the `droppable` gap (shorter than the group's
+    median: a stall between two checkpoints, which sampling at 60 s makes look alike) whose
+    removal makes the rest most regular. At most a third of the gaps go, and a chain found
+    so needs twice `need` gaps: noise alone rarely keeps that many at a steady pace. None
+    when no chain is regular."""
+    keep = np.arange(starts.size)
+    if _cv(np.diff(starts.astype(np.float64))) <= max_cv:
+        return keep
+    floor = max(2 * need, starts.size - starts.size // 3)
+    found: IntArr | None = None
+    while keep.size > floor and droppable[keep].any():
+        cv = _cv_without_each(starts[keep].astype(np.float64))
+        cv = np.where(droppable[keep], cv, np.inf)
+        best = int(np.argmin(cv))
+        now = _cv(np.diff(starts[keep].astype(np.float64)))
+        if found is not None and cv[best] > PRUNE_GAIN * now:
+            break  # regular already, and no stall left whose removal helps much
+        keep = np.delete(keep, best)
+        if cv[best] <= max_cv:
+            found = keep
+    return found
+
+
+PRUNE_GAIN = 0.8
+"""Once a chain is regular, a further gap is dropped only where that lowers the chain's
+coefficient of variation by a fifth or more (a stall left inside; a checkpoint's own
+jitter changes it little)."""
+
+
+def _cv_without_each(at: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    """The coefficient of variation of the intervals of `at` (sorted) with each point
+    dropped in turn: an end drops its one interval, an interior point merges its two."""
+    gaps = np.diff(at)
+    n = gaps.size
+    total, squares = float(gaps.sum()), float((gaps**2).sum())
+    merged = gaps[:-1] + gaps[1:]
+    cand_sum = np.concatenate([[total - gaps[0]], np.full(n - 1, total), [total - gaps[-1]]])
+    cand_sq = np.concatenate(
+        [[squares - gaps[0] ** 2],
+         squares - gaps[:-1] ** 2 - gaps[1:] ** 2 + merged**2,
+         [squares - gaps[-1] ** 2]]
+    )  # fmt: skip
+    mean = cand_sum / max(n - 1, 1)
+    var = np.maximum(cand_sq / max(n - 1, 1) - mean**2, 0.0)
+    out: npt.NDArray[np.float64] = np.where(
+        mean > 0, np.sqrt(var) / np.where(mean > 0, mean, 1.0), np.inf
+    )
+    return out
 
 
 def _marked(

@@ -38,11 +38,12 @@ def unsampled_results(
     known = set(sampled)
     if cards is not None and "parent_uuid" in cards.columns:
         parents = cards.dropna(subset=["parent_uuid"])
-        known |= {
-            str(u)
-            for u, p in zip(parents["uuid"], parents["parent_uuid"], strict=True)
-            if str(p) in known
-        }
+        pairs = list(
+            zip(parents["uuid"].astype(str), parents["parent_uuid"].astype(str), strict=True)
+        )
+        # an instance of a sampled card, and a card one of whose instances is sampled: the
+        # layout over time (`auditor.classify.mig`) accounts for both
+        known |= {u for u, p in pairs if p in known} | {p for u, p in pairs if u in known}
     gpu = tenures["gpu"].astype(object)
     keep = gpu.notna() & tenures["pod_uid"].notna() & ~gpu.isin(list(known))
     if cards is not None:  # a card the inventory does not list is no card anybody held

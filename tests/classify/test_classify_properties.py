@@ -163,7 +163,8 @@ def test_categories_sum_to_capacity_per_gpu_and_to_held_time_per_pod(data: st.Da
         assert close(per_gpu.get(gpu, 0.0), overlap(first, last, a, b)), gpu
     held: dict[str, float] = defaultdict(float)
     for gpu, pod, start, end in cluster.tenures[["gpu", "pod_uid", "start_ms", "end_ms"]].values:
-        first, last = span.get(str(gpu), (0, 0))
+        # a card no sample names: the pod still held it, its time unobserved (`unsampled`)
+        first, last = span.get(str(gpu), (int(start), int(end)))
         held[str(pod)] += overlap(max(int(start), first), min(int(end), last), a, b)
     per_pod = out.dropna(subset=["pod_uid"]).groupby("pod_uid")["seconds"].sum().to_dict()
     for pod, seconds in held.items():
