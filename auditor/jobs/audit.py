@@ -25,6 +25,10 @@ AUDIT_CHUNK_SAMPLES = 2_000_000
 follows this, not the fleet or the window. About 600 MiB of peak memory."""
 READ_MARGIN_MS = 15 * 60_000
 """Samples read either side of a card's range: enough for any sane period's neighbours."""
+NEIGHBOUR_SAMPLES = 16
+"""Samples read beyond that margin, however far, either side: the card's period is the
+median spacing of what is read, and a window inside an outage must still see the period
+the card was sampled at, not the outage's length."""
 
 
 @dataclass(frozen=True)
@@ -166,7 +170,7 @@ def _audit(
         the tenants' own utilisation of shared cards."""
         wanted = [(int(gpu_ids[u]), *ranges[u]) for u in sorted(context)]
         with engine.connect() as conn:
-            raw = reads.read_card_samples(conn, wanted, uuids, neighbours=True)
+            raw = reads.read_card_samples(conn, wanted, uuids, neighbours=NEIGHBOUR_SAMPLES)
             samples = with_rolled(raw, read_rolled_card_samples(conn, wanted))
             return samples, reads.read_tenant_util(conn, wanted, uuids)
 

@@ -145,7 +145,7 @@ def read_card_samples(
     ranges: Sequence[CardRange],
     uuids: Mapping[int, str],
     *,
-    neighbours: bool = False,
+    neighbours: int = 0,
 ) -> pd.DataFrame:
     """Samples of each card inside its own range, as `read_samples` returns them, sorted.
 
@@ -153,16 +153,18 @@ def read_card_samples(
     key order, and carry no GPU column to convert), each card's rows turned into a structured
     array in one pass (no Python object per value kept but the throttle text; NULL
     utilisation arrives as NaN), the GPU column a categorical of UUIDs.
-    With `neighbours`, also the card's last sample before its range and first one after it,
-    however far (two index seeks): what the range's edge samples cover, and whether an
-    outage across the edge is unobserved time of the card, is then the same as in any
-    longer range (SPEC §3: adjacent windows add up to their union).
+    With `neighbours` = k, also the card's last k samples before its range and first k
+    after it, however far (two index seeks): what the range's edge samples cover, whether
+    an outage across the edge is unobserved time of the card, and the card's period (the
+    median spacing) are then the same as in any longer range (SPEC §3: adjacent windows add
+    up to their union). One neighbour a side is not enough: a range inside an outage would
+    read only the two samples around it, and their spacing, the outage, as the period.
     """
     mark = "%s" if conn.dialect.name == "postgresql" else "?"
     columns = "SELECT ts_ms, util, throttle_reasons, sm_active FROM gpu_samples"
     query = f"{columns} WHERE gpu_id = {mark} AND ts_ms >= {mark} AND ts_ms < {mark}"
-    before = f"{columns} WHERE gpu_id = {mark} AND ts_ms < {mark} ORDER BY ts_ms DESC LIMIT 1"
-    after = f"{columns} WHERE gpu_id = {mark} AND ts_ms >= {mark} ORDER BY ts_ms LIMIT 1"
+    before = f"{columns} WHERE gpu_id = {mark} AND ts_ms < {mark} ORDER BY ts_ms DESC LIMIT {mark}"
+    after = f"{columns} WHERE gpu_id = {mark} AND ts_ms >= {mark} ORDER BY ts_ms LIMIT {mark}"
     parts: list[np.ndarray] = []
     cards: list[int] = []
     cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
@@ -171,9 +173,9 @@ def read_card_samples(
             cur.execute(query, (gpu_id, lo, hi))
             rows_ = cur.fetchall()  # one card's rows: a driver's fetchall beats its iterator
             if neighbours:
-                cur.execute(before, (gpu_id, lo))
-                first = cur.fetchall()
-                cur.execute(after, (gpu_id, hi))
+                cur.execute(before, (gpu_id, lo, neighbours))
+                first = cur.fetchall()[::-1]
+                cur.execute(after, (gpu_id, hi, neighbours))
                 rows_ = [*first, *rows_, *cur.fetchall()]
             part = np.fromiter(rows_, dtype=_CARD_ROW, count=len(rows_))
             if part.size:
