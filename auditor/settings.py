@@ -35,6 +35,31 @@ FINANCE_OUT_ENV = "AUDITOR_FINANCE_OUT"
 
 
 @dataclass(frozen=True, slots=True)
+class CauseThresholds:
+    """The knobs of the causes inside `compute_idle` and `unallocated` (SPEC §10)."""
+
+    cpu_limit_ratio: float = 0.9
+    """`input_bound` when the pod used at least this share of its CPU limit."""
+    throttled_ratio: float = 0.25
+    """`input_bound` when the pod was CFS-throttled in at least this share of periods."""
+    pressure_ratio: float = 0.2
+    """`input_bound` when the pod's CPU or I/O pressure (PSI `some`) is at least this."""
+    pcie_ratio: float = 0.3
+    """`host_transfer` when PCIe traffic is at least this share of the link's bandwidth."""
+    pcie_default_bytes_s: float = 8e9
+    """The link's bandwidth where its generation and width are unknown (bytes/s)."""
+    comm_bytes_s: float = 1e9
+    """`communication` when a gang card's NVLink or its pod's network traffic is this much."""
+    signal_stale_s: float = 180.0
+    """A signal row stands for the time after it for at most this long."""
+
+
+_CAUSES = CauseThresholds()
+RATIO_THRESHOLDS = ("throttled_ratio", "pressure_ratio", "pcie_ratio")
+"""Cause thresholds that are shares (0-1)."""
+
+
+@dataclass(frozen=True, slots=True)
 class Thresholds:
     """The classifier's knobs. Defaults are SPEC §3's."""
 
@@ -62,6 +87,20 @@ class Thresholds:
     """A sample whose next one is more than this many periods away covers one period."""
     default_period_s: float = 5.0
     """Period assumed for a GPU with a single sample."""
+    # The causes inside `compute_idle` and `unallocated` (SPEC §10; `CauseThresholds` says
+    # what each means): here so that they are set in `[thresholds]` and stored with each run.
+    cpu_limit_ratio: float = _CAUSES.cpu_limit_ratio
+    throttled_ratio: float = _CAUSES.throttled_ratio
+    pressure_ratio: float = _CAUSES.pressure_ratio
+    pcie_ratio: float = _CAUSES.pcie_ratio
+    pcie_default_bytes_s: float = _CAUSES.pcie_default_bytes_s
+    comm_bytes_s: float = _CAUSES.comm_bytes_s
+    signal_stale_s: float = _CAUSES.signal_stale_s
+
+    @property
+    def causes(self) -> CauseThresholds:
+        """The cause knobs, as `auditor.classify.causes` takes them."""
+        return CauseThresholds(**{f.name: getattr(self, f.name) for f in fields(CauseThresholds)})
 
     def as_dict(self) -> dict[str, float | int]:
         return asdict(self)
@@ -86,6 +125,8 @@ class Thresholds:
                 raise ConfigError(f"must be a whole number, got {value!r}", file=source, field=key)
             if key == "idle_threshold_pct" and value > 100:
                 raise ConfigError(f"is a percentage, got {value!r}", file=source, field=key)
+            if key in RATIO_THRESHOLDS and value > 1:
+                raise ConfigError(f"is a share (0-1), got {value!r}", file=source, field=key)
             clean[key] = want(value)
         return replace(self, **clean)
 
@@ -169,26 +210,6 @@ CONNECT_TIMEOUT_S = WatchOptions.connect_timeout_s
 READ_TIMEOUT_S = WatchOptions.read_timeout_s
 """The agents' defaults (`auditor.agents.sample`, `auditor.agents.watch`), as the options
 above declare them."""
-
-
-@dataclass(frozen=True, slots=True)
-class CauseThresholds:
-    """The knobs of the causes inside `compute_idle` and `unallocated` (SPEC §10)."""
-
-    cpu_limit_ratio: float = 0.9
-    """`input_bound` when the pod used at least this share of its CPU limit."""
-    throttled_ratio: float = 0.25
-    """`input_bound` when the pod was CFS-throttled in at least this share of periods."""
-    pressure_ratio: float = 0.2
-    """`input_bound` when the pod's CPU or I/O pressure (PSI `some`) is at least this."""
-    pcie_ratio: float = 0.3
-    """`host_transfer` when PCIe traffic is at least this share of the link's bandwidth."""
-    pcie_default_bytes_s: float = 8e9
-    """The link's bandwidth where its generation and width are unknown (bytes/s)."""
-    comm_bytes_s: float = 1e9
-    """`communication` when a gang card's NVLink or its pod's network traffic is this much."""
-    signal_stale_s: float = 180.0
-    """A signal row stands for the time after it for at most this long."""
 
 
 @dataclass(frozen=True, slots=True)

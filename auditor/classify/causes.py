@@ -328,3 +328,67 @@ def split_unallocated(
     summed = frame.groupby(["gpu", "cause"], as_index=False, sort=True)["seconds"].sum()
     kept: pd.DataFrame = summed[summed["seconds"] > 0].reset_index(drop=True)
     return kept[FREE_COLUMNS]
+
+
+CAUSE_COLUMNS = ["gpu", "pod_uid", "category", "cause", "seconds", "signalled_seconds"]
+
+
+def multi_card_pods(tenures: pd.DataFrame) -> set[str]:
+    """Pods whose gang holds more than one card (`communication` can only hold for these)."""
+    if tenures.empty:
+        return set()
+    cards = tenures.groupby("gang")["gpu"].nunique()
+    gangs = set(cards[cards > 1].index)
+    return set(tenures.loc[tenures["gang"].isin(gangs), "pod_uid"].astype(str))
+
+
+def split_causes(
+    pieces: pd.DataFrame,
+    *,
+    tenures: pd.DataFrame,
+    cards: pd.DataFrame,
+    pod_signals: pd.DataFrame | None,
+    card_signals: pd.DataFrame | None,
+    unavailable: pd.DataFrame | None,
+    demand: pd.DataFrame | None,
+    demand_known: bool,
+    thresholds: CauseThresholds,
+) -> pd.DataFrame:
+    """Seconds per (gpu, pod_uid, category, cause) of both splits (`CAUSE_COLUMNS`), and the
+    part of them judged on a recorded signal. `cards`: uuid, node, model (a card's kind is
+    its model). `demand_known`: whether waiting pods were looked for at all (pod objects
+    were recorded); without it `no_demand` rests on no signal, while `unavailable` and
+    `blocked` always rest on one."""
+    idle = split_compute_idle(
+        pieces,
+        pod_signals=pod_signals,
+        card_signals=card_signals,
+        multi_card_pods=multi_card_pods(tenures),
+        thresholds=thresholds,
+    )
+    uuid = cards["uuid"].astype(str)
+    free = split_unallocated(
+        pieces,
+        card_node=dict(zip(uuid, cards["node"].astype(str), strict=True)),
+        card_kind=dict(zip(uuid, cards["model"].fillna("").astype(str), strict=True)),
+        unavailable=unavailable,
+        demand=demand,
+    )
+    idle = idle.assign(
+        category=WasteCategory.COMPUTE_IDLE.value,
+        signalled_seconds=np.where(idle["signalled"], idle["seconds"], 0.0),
+    )
+    on_signal = free["cause"] != FreeCause.NO_DEMAND.value
+    free = free.assign(
+        pod_uid=None,
+        category=WasteCategory.UNALLOCATED.value,
+        signalled_seconds=np.where(on_signal | demand_known, free["seconds"], 0.0),
+    )
+    both = pd.concat([idle[CAUSE_COLUMNS], free[CAUSE_COLUMNS]], ignore_index=True)
+    if both.empty:
+        return both.astype({"seconds": np.float64, "signalled_seconds": np.float64})
+    summed = both.groupby(
+        ["gpu", "pod_uid", "category", "cause"], dropna=False, as_index=False, sort=True
+    )[["seconds", "signalled_seconds"]].sum()
+    summed["pod_uid"] = summed["pod_uid"].astype(object).where(summed["pod_uid"].notna(), None)
+    return summed[CAUSE_COLUMNS]

@@ -32,6 +32,16 @@ the card was sampled at, not the outage's length."""
 
 
 @dataclass(frozen=True)
+class Loaded:
+    """What one chunk of the audit reads: samples, tenants' activity, signals."""
+
+    samples: pd.DataFrame
+    activity: pd.DataFrame
+    pod_signals: pd.DataFrame
+    card_signals: pd.DataFrame
+
+
+@dataclass(frozen=True)
 class AuditStats:
     run_id: int
     window: Window
@@ -125,12 +135,19 @@ def _audit(
     now_ms: int | None,
     started: float,
 ) -> AuditStats:
+    from auditor.classify.causes import split_causes
     from auditor.classify.efficiency import efficiency
     from auditor.classify.pipeline import classify
     from auditor.classify.rollup import rolled_up_seconds, with_rolled
     from auditor.store import reads
     from auditor.store.placement import held_tenures
     from auditor.store.rollup import read_rolled_card_samples
+    from auditor.store.signals import (
+        read_card_signals,
+        read_node_outages,
+        read_pod_signals,
+        write_cause_rows,
+    )
     from auditor.store.work_done import write_sm_rows
     from auditor.store.writes import replace_audit_run
 
@@ -138,6 +155,7 @@ def _audit(
     result_rows: list[dict[str, object]] = []
     finding_rows: list[dict[str, object]] = []
     sm_rows: list[dict[str, object]] = []
+    cause_rows: list[dict[str, object]] = []
     n_samples = n_gpus = 0
     rolled = 0.0
     with engine.connect() as conn:
@@ -165,23 +183,36 @@ def _audit(
             )
         )
 
-    def load(context: set[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    with engine.connect() as conn:
+        unavailable = read_node_outages(conn, window=audited)
+        demand = None  # TODO(h-sig-pods): read_demand
+    stale_ms = round(thresholds.signal_stale_s * 1000)
+
+    def load(context: set[str]) -> Loaded:
         """The cards' raw samples and, where raw data was rolled up, 1-minute pseudo-samples;
-        the tenants' own utilisation of shared cards."""
+        the tenants' own utilisation of shared cards; their pods' and their own signals."""
         wanted = [(int(gpu_ids[u]), *ranges[u]) for u in sorted(context)]
+        held = tenures.loc[tenures["gpu"].isin(context), "pod_uid"].astype(str)
         with engine.connect() as conn:
             raw = reads.read_card_samples(conn, wanted, uuids, neighbours=NEIGHBOUR_SAMPLES)
-            samples = with_rolled(raw, read_rolled_card_samples(conn, wanted))
-            return samples, reads.read_tenant_util(conn, wanted, uuids)
+            return Loaded(
+                samples=with_rolled(raw, read_rolled_card_samples(conn, wanted)),
+                activity=reads.read_tenant_util(conn, wanted, uuids),
+                pod_signals=read_pod_signals(
+                    conn, list(held), window=audited, margin_ms=stale_ms
+                ),
+                card_signals=read_card_signals(
+                    conn, window=audited, margin_ms=stale_ms, gpu_ids=[w[0] for w in wanted]
+                ),
+            )
 
     # Reading the next chunk (waiting on the database, building its rows) overlaps
     # classifying this one: at most two chunks' samples are in memory at once.
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="audit-read") as pool:
-        ahead: list[Future[tuple[pd.DataFrame, pd.DataFrame]]] = (
-            [pool.submit(load, parts[0][1])] if parts else []
-        )
+        ahead: list[Future[Loaded]] = [pool.submit(load, parts[0][1])] if parts else []
         for i, (own, context) in enumerate(parts):
-            samples, activity = ahead.pop().result()
+            got = ahead.pop().result()
+            samples, activity = got.samples, got.activity
             if i + 1 < len(parts):
                 ahead.append(pool.submit(load, parts[i + 1][1]))
             part = tenures[tenures["gpu"].isin(context)]
@@ -192,8 +223,24 @@ def _audit(
                 thresholds=thresholds,
                 cards=gpus,
                 activity=activity,
+                keep_pieces=True,
             )
+            assert result.pieces is not None
             res = result.results[result.results["gpu"].isin(own)]
+            cause_rows += _cause_rows(
+                split_causes(
+                    result.pieces[result.pieces["gpu"].isin(own)],
+                    tenures=part,
+                    cards=gpus,
+                    pod_signals=got.pod_signals,
+                    card_signals=got.card_signals,
+                    unavailable=unavailable,
+                    demand=demand,
+                    demand_known=not tenures.empty,
+                    thresholds=thresholds.causes,
+                ),
+                gpu_ids,
+            )
             # a finding about a whole gang (a checkpoint series) has no card: the part that
             # owns the gang's first card stores it, so it is stored once
             fnd = result.findings
@@ -215,7 +262,7 @@ def _audit(
             n_samples += int(mine.sum())
             n_gpus += int(samples.loc[mine, "gpu"].nunique())
             rolled += rolled_up_seconds(samples, window=audited, gpus=own)
-            del samples, activity, result, res, fnd, mine
+            del got, samples, activity, result, res, fnd, mine
     with engine.begin() as conn:
         run_id = replace_audit_run(
             conn,
@@ -229,6 +276,7 @@ def _audit(
             rolled_up_seconds=rolled,
         )
         write_sm_rows(conn, run_id=run_id, rows=sm_rows)
+        write_cause_rows(conn, run_id=run_id, rows=cause_rows)
     return AuditStats(
         run_id=run_id,
         window=audited,
@@ -361,5 +409,22 @@ def _finding_rows(fnd: pd.DataFrame, gpu_ids: dict[str, int]) -> list[dict[str, 
             fnd["kind"], nulls(fnd["gang"]), nulls(fnd["gpu"]), nulls(fnd["pod_uid"]),
             nulls(fnd["start_ms"]), nulls(fnd["end_ms"]), fnd["seconds"], nulls(fnd["detail"]),
             strict=True,
+        )
+    ]  # fmt: skip
+
+
+def _cause_rows(causes: pd.DataFrame, gpu_ids: dict[str, int]) -> list[dict[str, object]]:
+    return [
+        {
+            "gpu_id": int(gpu_ids[str(g)]),
+            "pod_uid": p,
+            "category": c,
+            "cause": k,
+            "seconds": float(s),
+            "signalled_seconds": float(x),
+        }
+        for g, p, c, k, s, x in zip(
+            causes["gpu"], nulls(causes["pod_uid"]), causes["category"], causes["cause"],
+            causes["seconds"], causes["signalled_seconds"], strict=True,
         )
     ]  # fmt: skip

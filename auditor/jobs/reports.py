@@ -81,6 +81,7 @@ def _read_report(
     from auditor.report.compare import outputs_by, outputs_in_window, sm_by, with_outputs
     from auditor.report.offenders import STRAGGLER_COLUMNS, stragglers, top_offenders
     from auditor.report.render import Report
+    from auditor.report.causes import cause_totals, complete_causes
     from auditor.report.summary import (
         GROUP_COLUMNS,
         GroupBy,
@@ -88,9 +89,11 @@ def _read_report(
         summarise,
         totals,
         unjoined_cards,
+        with_platform,
     )
     from auditor.store import reads
     from auditor.store.rollup import runs_rolled_up_seconds
+    from auditor.store.signals import read_causes
     from auditor.store.work_done import read_outputs, read_sm
 
     per_output_groups = (GroupBy.JOB, GroupBy.TEAM)
@@ -116,7 +119,8 @@ def _read_report(
     scope = results if team is None else results[results["team"] == team]
     if team is not None and scope.empty:
         raise InputError(f"no team {team!r} in this window", field="--team")
-    rows = summarise(results, by=by, team=team)
+    causes = read_causes(conn, run_ids)
+    rows = summarise(results, by=by, team=team, causes=causes)
     if by is GroupBy.JOB:
         slow = stragglers(findings)[["namespace", "job", *STRAGGLER_COLUMNS]]
         rows = rows.merge(slow, on=["namespace", "job"], how="left")
@@ -141,6 +145,7 @@ def _read_report(
         by=by.value,
         rows=rows,
         totals=totals(scope),
+        causes=cause_totals(complete_causes(with_platform(scope), causes)),
         offenders=top_offenders(scope, findings, top=top),
         rolled_up_seconds=rolled,
         util_sources={str(k): int(v) for k, v in cards.value_counts().items()},

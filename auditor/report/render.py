@@ -42,6 +42,9 @@ class Report:
     """Nodes whose cards no known pod held in the window (`summary.nodes_without_pods`)."""
     unjoined_cards: Sequence[str] = ()
     """Cards pods held that no sample names (`summary.unjoined_cards`)."""
+    causes: Mapping[str, float] = field(default_factory=dict)
+    """Fleet totals of the causes inside `compute_idle` and `unallocated`
+    (`auditor.report.causes.CAUSE_COLUMNS`)."""
 
 
 ROLLED_UP_FIELD = "window_rolled_up_gpu_hours"
@@ -145,6 +148,38 @@ def notes(report: Report) -> list[str]:
         unjoined_note(report),
     )
     return [n for n in found if n is not None]
+
+
+def cause_lines(report: Report) -> list[tuple[str, str, float, float, str]]:
+    """(category, cause, GPU-hours, share of the category, first step) of every cause with
+    time, in the splits' order: what the causes table shows."""
+    from auditor.report.causes import FIRST_STEP, SPLITS
+
+    out: list[tuple[str, str, float, float, str]] = []
+    for category, names, _ in SPLITS:
+        total = report.totals.get(f"{category}_gpu_hours", 0.0)
+        for name in names:
+            hours = report.causes.get(f"{category}_{name}_gpu_hours", 0.0)
+            if hours > 0 and total > 0:
+                out.append((category, name, hours, hours / total, FIRST_STEP.get(name, "-")))
+    return out
+
+
+def no_signal_notes(report: Report) -> list[str]:
+    """The sentences stating how much of each split rests on no recorded signal."""
+    from auditor.report.causes import SPLITS
+
+    out: list[str] = []
+    for category, _, fallback in SPLITS:
+        share = report.causes.get(f"{category}_no_signal_share", math.nan)
+        if isinstance(share, float) and not math.isnan(share) and share > 0:
+            out.append(
+                f"{share:.0%} of {category} rests on no recorded signal ({fallback}): "
+                + ("record pods' CPU, PCIe and serving signals (see docs/inputs.md)."
+                   if category == "compute_idle" else
+                   "keep pods that wait and nodes' state (import pods or the watcher).")
+            )  # fmt: skip
+    return out
 
 
 def _clean(value: Any) -> Any:
@@ -353,6 +388,22 @@ def render_table(report: Report, *, width: int | None = None) -> str:
             *(_output_cells(rec, scale=scale, cell=cell) if has_out else []),
         )
     show(table)
+    why = cause_lines(report)
+    if why:
+        split = Table(title="Why held cards idled and free cards sat free", title_justify="left")
+        for col, justify in (
+            ("category", "left"),
+            ("cause", "left"),
+            ("GPU-h" if scale == 1 else "GPU-min", "right"),
+            ("share", "right"),
+            ("first step", "left"),
+        ):
+            split.add_column(col, justify=justify, overflow="fold")  # type: ignore[arg-type]
+        for category, cause, hours, share, step in why:
+            split.add_row(category, cause, _num(hours * scale), _pct(share), step)
+        show(split)
+        for note in no_signal_notes(report):
+            console.print(note)
     if not report.offenders.empty:
         off = Table(title="Top offenders and next steps", title_justify="left")
         for col, justify in (

@@ -12,6 +12,7 @@ import pandas as pd
 
 from auditor.model import CATEGORIES, PLATFORM_TEAM, SCHEDULING_WASTE, WasteCategory
 from auditor.model import GroupBy as GroupBy  # noqa: PLC0414 - re-exported: callers import it here
+from auditor.report.causes import cause_columns, complete_causes
 
 GROUP_COLUMNS: dict[GroupBy, list[str]] = {
     GroupBy.TEAM: ["team"],
@@ -73,13 +74,23 @@ def card_utilisation(results: pd.DataFrame) -> pd.DataFrame:
     return util.dropna().reset_index()
 
 
-def summarise(results: pd.DataFrame, *, by: GroupBy, team: str | None = None) -> pd.DataFrame:
-    """One row per group: GPU-hours per category, waste apart, shares, p10/p50/p90, inferred."""
+def summarise(
+    results: pd.DataFrame,
+    *,
+    by: GroupBy,
+    team: str | None = None,
+    causes: pd.DataFrame | None = None,
+) -> pd.DataFrame:
+    """One row per group: GPU-hours per category, waste apart, shares, p10/p50/p90, inferred,
+    and the causes inside `compute_idle` and `unallocated` (`auditor.report.causes`) of the
+    stored cause rows `causes` (gpu, pod_uid, category, cause, seconds, signalled_seconds)."""
     frame = with_platform(results)
     if team is not None:
         frame = frame[frame["team"] == team]
+    split = complete_causes(frame, causes)
     if by is GroupBy.GPU:  # a MIG instance is a part of its physical card
         frame = frame.assign(gpu=frame["card"])
+        split = split.assign(gpu=split["card"])
     keys = GROUP_COLUMNS[by]
     hours = frame.assign(hours=frame["seconds"] / 3600.0).pivot_table(
         index=keys, columns="category", values="hours", aggfunc="sum", fill_value=0.0
@@ -133,6 +144,7 @@ def summarise(results: pd.DataFrame, *, by: GroupBy, team: str | None = None) ->
         out[["util_p10", "util_p50", "util_p90"]] = np.nan
         card = held_cards_utilisation(frame).set_index("gpu")["util_pct"]
         out["util_pct"] = card.reindex(out.index.get_level_values("gpu")).to_numpy()
+    out = out.join(cause_columns(split, keys, out.index))
     out = out.reset_index()
     platform_last = (out[keys[0]] == PLATFORM_TEAM).astype(int)
     return (

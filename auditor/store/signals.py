@@ -86,9 +86,12 @@ def read_pod_signals(
     return frame.astype({c: np.float64 for c in POD_SIGNALS} | {"ts_ms": np.int64})
 
 
-def read_card_signals(conn: Connection, *, window: Window, margin_ms: int) -> pd.DataFrame:
-    """The card signal rows in `[start - margin, end)`: gpu (the UUID), ts_ms, `CARD_SIGNALS`."""
-    stmt = (
+def read_card_signals(
+    conn: Connection, *, window: Window, margin_ms: int, gpu_ids: Sequence[int] | None = None
+) -> pd.DataFrame:
+    """The card signal rows in `[start - margin, end)` (of `gpu_ids` only, when given): gpu
+    (the UUID), ts_ms, `CARD_SIGNALS`."""
+    base = (
         select(gpus.c.uuid, card_signals.c.ts_ms, *(card_signals.c[c] for c in CARD_SIGNALS))
         .join(gpus, gpus.c.id == card_signals.c.gpu_id)
         .where(
@@ -96,9 +99,15 @@ def read_card_signals(conn: Connection, *, window: Window, margin_ms: int) -> pd
             card_signals.c.ts_ms < window.end_ms,
         )
     )
-    frame = pd.DataFrame(
-        [tuple(r) for r in conn.execute(stmt)], columns=["gpu", "ts_ms", *CARD_SIGNALS]
-    )
+    if gpu_ids is None:
+        found = [tuple(r) for r in conn.execute(base)]
+    else:
+        ids = sorted({int(i) for i in gpu_ids})
+        found = []
+        for i in range(0, len(ids), _CHUNK):
+            stmt = base.where(card_signals.c.gpu_id.in_(ids[i : i + _CHUNK]))
+            found += [tuple(r) for r in conn.execute(stmt)]
+    frame = pd.DataFrame(found, columns=["gpu", "ts_ms", *CARD_SIGNALS])
     return frame.astype({c: np.float64 for c in CARD_SIGNALS} | {"ts_ms": np.int64})
 
 
