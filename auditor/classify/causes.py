@@ -33,7 +33,9 @@ first rule that holds wins:
 3. `no_demand`: the rest.
 
 Frames (every time in epoch ms; a missing signal is NaN, never 0):
-- pieces: gpu, pod_uid (None: no pod), start_ms, end_ms, category, seconds.
+- pieces: gpu, pod_uid (None: no pod), start_ms, end_ms, category, seconds, and mid_ms (the
+  instant a piece is judged at: the unclipped piece's midpoint; without it, the middle of
+  [start_ms, end_ms)).
 - pod signals: pod_uid, ts_ms and any of `POD_SIGNALS`.
 - card signals: gpu, ts_ms and any of `CARD_SIGNALS`.
 - node states: node, start_ms, end_ms (stretches in which the node's cards are unavailable).
@@ -129,7 +131,10 @@ def _at(
     right = right.assign(
         _key=right[key].astype(str), _t=right["ts_ms"].astype(np.int64)
     ).sort_values("_t", kind="stable")
-    mid = (pieces["start_ms"].to_numpy(np.int64) + pieces["end_ms"].to_numpy(np.int64)) // 2
+    if "mid_ms" in pieces.columns:  # the whole piece's midpoint, however a window cut it
+        mid = pieces["mid_ms"].to_numpy(np.int64)
+    else:
+        mid = (pieces["start_ms"].to_numpy(np.int64) + pieces["end_ms"].to_numpy(np.int64)) // 2
     left = pd.DataFrame({"_key": pieces[key].astype(str).to_numpy(), "_t": mid, "_i": pieces.index})
     joined = pd.merge_asof(
         left.sort_values("_t", kind="stable"),

@@ -147,7 +147,7 @@ def sum_results(
     )
 
 
-PIECE_COLUMNS = ["gpu", "pod_uid", "start_ms", "end_ms", "category", "seconds"]
+PIECE_COLUMNS = ["gpu", "pod_uid", "start_ms", "end_ms", "category", "seconds", "mid_ms"]
 
 
 def empty_piece_frame() -> pd.DataFrame:
@@ -159,6 +159,7 @@ def empty_piece_frame() -> pd.DataFrame:
             "end_ms": pd.Series([], dtype=np.int64),
             "category": pd.Series([], dtype=object),
             "seconds": pd.Series([], dtype=np.float64),
+            "mid_ms": pd.Series([], dtype=np.int64),
         }
     )
 
@@ -177,7 +178,9 @@ def piece_frame(
     """The classified pieces over time: one row per (piece, category) with seconds > 0.
 
     Columns `PIECE_COLUMNS`: start_ms and end_ms are the piece clipped to the window (`lo`,
-    `hi`, `seconds` as `Pieces.window_ms` returns them), seconds is the category's fraction
+    `hi`, `seconds` as `Pieces.window_ms` returns them); mid_ms is the midpoint of the
+    whole piece, unclipped, so that a piece a window cuts is judged at the same instant in
+    either window (the causes of SPEC §10); seconds is the category's fraction
     of the clipped time, computed as `sum_results` computes it, so that the seconds summed per
     (gpu, pod_uid, category) are the results. pod_uid is None where nobody held the card.
     Sorted by gpu, pod_uid (None first), start_ms and category (in `CATEGORIES` order).
@@ -193,6 +196,8 @@ def piece_frame(
     tenure = np.concatenate([pieces.tenure, pieces.tenure, pieces.tenure[has_b], rest.tenure])
     start = np.concatenate([lo, lo, lo[has_b], r_lo])
     end = np.concatenate([hi, hi, hi[has_b], r_hi])
+    p_mid = (pieces.start + pieces.end) // 2
+    mid = np.concatenate([p_mid, p_mid, p_mid[has_b], (rest.start + rest.end) // 2])
     category = np.concatenate(
         [np.full(n, codes.BUSY, dtype=np.int64), pieces.cat_a, pieces.cat_b[has_b], rest.category]
     )
@@ -207,7 +212,7 @@ def piece_frame(
     keep = np.flatnonzero(part > 0)
     if keep.size == 0:
         return empty_piece_frame()
-    gpu, tenure, start, end = gpu[keep], tenure[keep], start[keep], end[keep]
+    gpu, tenure, start, end, mid = gpu[keep], tenure[keep], start[keep], end[keep], mid[keep]
     category, part = category[keep], part[keep]
     held = tenure >= 0
     pod = np.full(keep.size, -1, dtype=np.int64)
@@ -224,5 +229,6 @@ def piece_frame(
             "end_ms": end[order].astype(np.int64),
             "category": pd.Series(names[category[order]], dtype=object),
             "seconds": part[order],
+            "mid_ms": mid[order].astype(np.int64),
         }
     )

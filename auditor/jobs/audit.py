@@ -186,7 +186,9 @@ def _audit(
     with engine.connect() as conn:
         unavailable = read_node_outages(conn, window=audited)
         demand = None  # TODO(h-sig-pods): read_demand
-    stale_ms = round(thresholds.signal_stale_s * 1000)
+    # a piece the window cuts is judged at its whole midpoint, up to a sample's coverage
+    # outside the window: its signal may lie that far out, and up to `signal_stale_s` before
+    margin = round(thresholds.signal_stale_s * 1000) + READ_MARGIN_MS
 
     def load(context: set[str]) -> Loaded:
         """The cards' raw samples and, where raw data was rolled up, 1-minute pseudo-samples;
@@ -198,11 +200,9 @@ def _audit(
             return Loaded(
                 samples=with_rolled(raw, read_rolled_card_samples(conn, wanted)),
                 activity=reads.read_tenant_util(conn, wanted, uuids),
-                pod_signals=read_pod_signals(
-                    conn, list(held), window=audited, margin_ms=stale_ms
-                ),
+                pod_signals=read_pod_signals(conn, list(held), window=audited, margin_ms=margin),
                 card_signals=read_card_signals(
-                    conn, window=audited, margin_ms=stale_ms, gpu_ids=[w[0] for w in wanted]
+                    conn, window=audited, margin_ms=margin, gpu_ids=[w[0] for w in wanted]
                 ),
             )
 

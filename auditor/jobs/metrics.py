@@ -40,6 +40,7 @@ def latest_audit_figures(engine: Engine) -> AuditFigures | None:
     from auditor.report.audit_metrics import audit_figures
     from auditor.report.windows import latest_complete
     from auditor.store import reads
+    from auditor.store.signals import read_causes
 
     with engine.connect() as conn:
         runs = reads.runs_in_window(conn, start_ms=ALL_TIME[0], end_ms=ALL_TIME[1])
@@ -47,7 +48,10 @@ def latest_audit_figures(engine: Engine) -> AuditFigures | None:
         if latest is None:
             return None
         results = reads.read_results(conn, latest.run_ids)
-    return audit_figures(results, window=latest.window, completed_ms=latest.completed_ms)
+        causes = read_causes(conn, latest.run_ids)
+    return audit_figures(
+        results, window=latest.window, completed_ms=latest.completed_ms, causes=causes
+    )
 
 
 class AuditCollector(Collector):

@@ -78,10 +78,10 @@ def _read_report(
 ) -> tuple[Report, pd.DataFrame]:
     """The Report of `build_report`, and the stored results it was made of (of `team` only,
     when given)."""
+    from auditor.report.causes import cause_totals, complete_causes
     from auditor.report.compare import outputs_by, outputs_in_window, sm_by, with_outputs
     from auditor.report.offenders import STRAGGLER_COLUMNS, stragglers, top_offenders
     from auditor.report.render import Report
-    from auditor.report.causes import cause_totals, complete_causes
     from auditor.report.summary import (
         GROUP_COLUMNS,
         GroupBy,
@@ -146,7 +146,7 @@ def _read_report(
         rows=rows,
         totals=totals(scope),
         causes=cause_totals(complete_causes(with_platform(scope), causes)),
-        offenders=top_offenders(scope, findings, top=top),
+        offenders=top_offenders(scope, findings, top=top, causes=causes),
         rolled_up_seconds=rolled,
         util_sources={str(k): int(v) for k, v in cards.value_counts().items()},
         nodes=int(scope["node"].nunique()),
@@ -315,6 +315,7 @@ def export_finance(
         unpriced_note,
     )
     from auditor.store import reads
+    from auditor.store.signals import read_causes
 
     wk = parse_week(week)
     engine = open_store(url)
@@ -324,7 +325,14 @@ def export_finance(
             runs, start_ms=wk.start_ms, end_ms=wk.end_ms, what=f"week {wk.label}"
         )
         results = reads.read_results(conn, run_ids)
-    rows = finance_rows(results, week=wk, prices=config.prices, cost_centres=config.cost_centres)
+        causes = read_causes(conn, run_ids)
+    rows = finance_rows(
+        results,
+        week=wk,
+        prices=config.prices,
+        cost_centres=config.cost_centres,
+        causes=causes,
+    )
     note = unpriced_note(rows, prices=config.prices)
     if note is not None and warn is not None:
         warn(note)

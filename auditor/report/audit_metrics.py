@@ -16,12 +16,15 @@ shipped alerting rules and dashboard name only metrics the auditor exports.
 from __future__ import annotations
 
 import math
+from collections.abc import Hashable
 from dataclasses import dataclass
+from typing import Any
 
 import pandas as pd
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from auditor.model import CATEGORIES, PLATFORM_TEAM, SCHEDULING_WASTE, Window
+from auditor.report.causes import SPLITS
 from auditor.report.summary import GroupBy, summarise, totals
 from auditor.report.text import terminal_safe
 
@@ -44,13 +47,20 @@ class AuditFigures:
     totals: dict[str, float]
 
 
-def audit_figures(results: pd.DataFrame, *, window: Window, completed_ms: int) -> AuditFigures:
-    """The figures of one audit from its stored results (as `reads.read_results` gives them)."""
+def audit_figures(
+    results: pd.DataFrame,
+    *,
+    window: Window,
+    completed_ms: int,
+    causes: pd.DataFrame | None = None,
+) -> AuditFigures:
+    """The figures of one audit from its stored results (as `reads.read_results` gives them)
+    and cause rows (`auditor.store.signals.read_causes`)."""
     return AuditFigures(
         window=window,
         completed_ms=completed_ms,
-        teams=summarise(results, by=GroupBy.TEAM),
-        jobs=summarise(results, by=GroupBy.JOB),
+        teams=summarise(results, by=GroupBy.TEAM, causes=causes),
+        jobs=summarise(results, by=GroupBy.JOB, causes=causes),
         totals=totals(results),
     )
 
@@ -131,6 +141,7 @@ def audit_families(figures: AuditFigures | None, *, top_jobs: int = TOP_JOBS) ->
         if value is not None and not pd.isna(value):
             inferred.add_metric([terminal_safe(str(rec["team"]))], float(value))
     out.append(inferred)
+    out += _cause_families(teams)
     out += _fleet_families(figures.totals)
     out += _job_families(figures.jobs, top_jobs=top_jobs)
     for name, doc, value in (
@@ -145,6 +156,34 @@ def audit_families(figures: AuditFigures | None, *, top_jobs: int = TOP_JOBS) ->
         family.add_metric([], value / 1000)
         out.append(family)
     return out
+
+
+def _cause_families(teams: list[dict[Hashable, Any]]) -> list[Metric]:
+    """GPU-hours per team, split category and cause (SPEC §10), and the share of each split
+    that rests on no recorded signal."""
+    hours = _gauge(
+        "cause_gpu_hours",
+        "GPU-hours per team of each cause inside compute_idle and unallocated in the latest "
+        "complete audit's window (the causes of a category sum to its gpu_hours).",
+        ["team", "category", "cause"],
+    )
+    blind = _gauge(
+        "no_signal_ratio",
+        "Share of the team's compute_idle or unallocated GPU-hours whose cause rests on no "
+        "recorded signal (unexplained, or no_demand without pod records).",
+        ["team", "category"],
+    )
+    for rec in teams:
+        team = terminal_safe(str(rec["team"]))
+        for category, names, _ in SPLITS:
+            for name in names:
+                value = rec.get(f"{category}_{name}_gpu_hours")
+                if isinstance(value, float) and value > 0:
+                    hours.add_metric([team, category, name], value)
+            share = rec.get(f"{category}_no_signal_share")
+            if isinstance(share, float) and not math.isnan(share):
+                blind.add_metric([team, category], share)
+    return [hours, blind]
 
 
 def _fleet_families(t: dict[str, float]) -> list[Metric]:
@@ -220,6 +259,8 @@ AUDIT_METRIC_NAMES: frozenset[str] = frozenset(
         "allocated_gpu_hours",
         *(suffix for suffix, _, _ in _TEAM_RATIOS),
         "inferred_mapping_ratio",
+        "cause_gpu_hours",
+        "no_signal_ratio",
         "capacity_gpu_hours",
         "fleet_scheduling_waste_ratio",
         "fleet_compute_idle_ratio",

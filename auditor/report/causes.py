@@ -57,7 +57,7 @@ def complete_causes(results: pd.DataFrame, causes: pd.DataFrame | None) -> pd.Da
     split = results[results["category"].isin([IDLE, FREE])]
     cols = [c for c in split.columns if c not in ("seconds", "category")]
     keyed = split.assign(_pod=split["pod_uid"].fillna(""))
-    attrs = keyed.drop_duplicates(["gpu", "_pod"])[[*cols, "_pod"]].drop(columns="pod_uid")
+    attrs = keyed.drop_duplicates(["gpu", "_pod"])[[*cols, "_pod"]]
     have = pd.DataFrame(columns=[*_KEYS, "cause", "seconds", "signalled_seconds"])
     if causes is not None and not causes.empty:
         have = causes[causes["category"].isin([IDLE, FREE])]
@@ -83,12 +83,16 @@ def cause_columns(causes: pd.DataFrame, keys: list[str], index: pd.Index) -> pd.
     out = pd.DataFrame(index=index)
     for cat, names, _ in SPLITS:
         mine = causes[causes["category"] == cat]
-        hours = mine.assign(h=mine["seconds"] / 3600.0).pivot_table(
-            index=keys, columns="cause", values="h", aggfunc="sum", fill_value=0.0
-        )
+        if mine.empty:
+            for name in names:
+                out[f"{cat}_{name}_gpu_hours"] = 0.0
+            out[f"{cat}_no_signal_share"] = np.nan
+            continue
+        per = mine.groupby([*keys, "cause"])["seconds"].sum() / 3600.0
+        present = set(per.index.get_level_values("cause"))
         for name in names:
-            col = hours[name] if name in hours.columns else pd.Series(dtype=np.float64)
-            out[f"{cat}_{name}_gpu_hours"] = col.reindex(index).fillna(0.0).to_numpy()
+            col = per.xs(name, level="cause").reindex(index) if name in present else None
+            out[f"{cat}_{name}_gpu_hours"] = 0.0 if col is None else col.fillna(0.0).to_numpy()
         sums = mine.groupby(keys)[["seconds", "signalled_seconds"]].sum().reindex(index)
         share = 1.0 - sums["signalled_seconds"] / sums["seconds"].where(sums["seconds"] > 0)
         out[f"{cat}_no_signal_share"] = share.clip(lower=0.0).to_numpy()
@@ -109,7 +113,7 @@ def leading_cause(causes: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     named = causes[causes["cause"] != causes["category"].map(fallback)]
     if named.empty:
         return pd.DataFrame(columns=[*keys, "category", "cause", "cause_seconds"])
-    per = named.groupby([*keys, "category", "cause"], as_index=False)["seconds"].sum()
+    per = named.groupby([*keys, "category", "cause"])["seconds"].sum().reset_index()
     per = per.sort_values(["seconds", "cause"], ascending=[False, True], kind="stable")
     top = per.drop_duplicates([*keys, "category"]).rename(columns={"seconds": "cause_seconds"})
     return top.reset_index(drop=True)

@@ -20,6 +20,7 @@ import pandas as pd
 
 from auditor import timespec
 from auditor.model import CATEGORIES, PLATFORM_TEAM, SCHEDULING_WASTE, WasteCategory
+from auditor.report.causes import CAUSE_COLUMNS, CAUSE_HOUR_COLUMNS, cause_columns, complete_causes
 from auditor.report.text import csv_cell
 from auditor.settings import Prices
 
@@ -30,7 +31,10 @@ COLUMNS = [
     "compute_idle_gpu_hours", "unobserved_gpu_hours", "unallocated_gpu_hours",
     "scheduling_waste_gpu_hours", "price_per_gpu_hour", "allocated_cost",
     "scheduling_waste_cost", "compute_idle_cost", "currency",
+    *CAUSE_COLUMNS,
 ]  # fmt: skip
+"""The causes inside `compute_idle` and `unallocated` (SPEC §10) come last, so that a
+sheet reading the earlier columns by position reads them as before."""
 TEXT_COLUMNS = ("week", "week_start", "week_end", "team", "cost_centre", "gpu_model", "currency")
 HOURS_DECIMALS = 4
 MONEY_DECIMALS = 2
@@ -79,9 +83,10 @@ def finance_rows(
     week: Week,
     prices: Prices,
     cost_centres: dict[str, str],
+    causes: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
     """One row per team × GPU model, platform rows last; numbers rounded (text is made safe
-    when rendered)."""
+    when rendered). `causes`: the runs' stored cause rows (`auditor.report.causes`)."""
     frame = results.assign(
         team=results["team"].where(results["pod_uid"].notna(), PLATFORM_TEAM),
         gpu_model=results["gpu_model"].fillna(UNKNOWN_MODEL),
@@ -124,6 +129,20 @@ def finance_rows(
         "" if t == PLATFORM_TEAM else cost_centres.get(str(t), "") for t in out["team"]
     ]
     out["currency"] = prices.currency
+    split = complete_causes(results, causes)
+    split = split.assign(
+        team=split["team"].where(split["pod_uid"].notna(), PLATFORM_TEAM),
+        gpu_model=split["gpu_model"].fillna(UNKNOWN_MODEL),
+    )
+    keys = pd.MultiIndex.from_frame(out[["team", "gpu_model"]])
+    by_cause = cause_columns(split, ["team", "gpu_model"], keys)
+    for col in CAUSE_COLUMNS:
+        values = by_cause[col].to_numpy(dtype=float)
+        out[col] = (
+            round_column(values, HOURS_DECIMALS)
+            if col in CAUSE_HOUR_COLUMNS
+            else np.round(values, HOURS_DECIMALS)
+        )
     return out[COLUMNS]
 
 
@@ -133,14 +152,16 @@ def render_finance_csv(rows: pd.DataFrame) -> str:
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\r\n")
     writer.writerow(COLUMNS)
-    decimals = {c: HOURS_DECIMALS for c in COLUMNS if c.endswith("_gpu_hours")}
+    decimals = {c: HOURS_DECIMALS for c in COLUMNS if c.endswith(("_gpu_hours", "_share"))}
     decimals.update({c: MONEY_DECIMALS for c in COLUMNS if c.endswith("_cost")})
     decimals["price_per_gpu_hour"] = PRICE_DECIMALS
     for rec in rows.to_dict("records"):
         cells: list[str] = []
         for col in COLUMNS:
             value = rec[col]
-            if col in decimals:
+            if col in decimals and pd.isna(value):
+                cells.append("")  # a no-signal share of a row without that category
+            elif col in decimals:
                 cells.append(f"{float(value):.{decimals[col]}f}")
             else:
                 cells.append(csv_cell(str(value)))

@@ -9,6 +9,7 @@ import pandas as pd
 
 from auditor.model import WasteCategory
 from auditor.report.advice import STALLED_BUSY_STEP, next_step, throttle_names
+from auditor.report.causes import FIRST_STEP, complete_causes, leading_cause
 from auditor.report.summary import with_platform
 
 OFFENDER_CATEGORIES = (
@@ -59,10 +60,19 @@ def _describe_straggler(row: Mapping[Hashable, Any]) -> str | None:
     return text
 
 
-def top_offenders(results: pd.DataFrame, findings: pd.DataFrame, *, top: int = 3) -> pd.DataFrame:
-    """The `top` jobs (or nodes, for platform categories) per category, with the next step."""
+def top_offenders(
+    results: pd.DataFrame,
+    findings: pd.DataFrame,
+    *,
+    top: int = 3,
+    causes: pd.DataFrame | None = None,
+) -> pd.DataFrame:
+    """The `top` jobs (or nodes, for platform categories) per category, with the next step:
+    for `compute_idle` and `unallocated`, the first step of the offender's leading cause
+    (`causes`: the runs' stored cause rows) where a signal named one."""
     frame = with_platform(results)
     slow = stragglers(findings)
+    split = complete_causes(frame, causes)
     rows: list[dict[str, object]] = []
     for cat in OFFENDER_CATEGORIES:
         part = frame[frame["category"] == cat.value]
@@ -81,8 +91,20 @@ def top_offenders(results: pd.DataFrame, findings: pd.DataFrame, *, top: int = 3
         agg = agg.sort_values("seconds", ascending=False).head(top).reset_index()
         if "job" in agg.columns and not slow.empty:
             agg = agg.merge(slow, on=["namespace", "job"], how="left")
+        lead = leading_cause(split[split["category"] == cat.value], keys)
+        if not lead.empty:
+            agg = agg.merge(lead.drop(columns="category"), on=keys, how="left")
         for row in agg.to_dict("records"):
             where = row["node"] if "node" in keys else f"{row['namespace']}/{row['job']}"
+            step = next_step(
+                cat,
+                workload=None if pd.isna(row["workload"]) else str(row["workload"]),
+                straggler=_describe_straggler(row) if "straggler_pod" in row else None,
+            )
+            cause = row.get("cause")
+            if isinstance(cause, str) and row["seconds"] > 0:
+                share = float(row["cause_seconds"]) / float(row["seconds"])
+                step = f"{cause} ({share:.0%}): {FIRST_STEP.get(cause, step)}"
             rows.append(
                 {
                     "category": cat.value,
@@ -90,11 +112,7 @@ def top_offenders(results: pd.DataFrame, findings: pd.DataFrame, *, top: int = 3
                     "offender": where,
                     "gpu_hours": float(row["seconds"]) / 3600.0,
                     "share_of_category": float(row["seconds"]) / total if total else 0.0,
-                    "next_step": next_step(
-                        cat,
-                        workload=None if pd.isna(row["workload"]) else str(row["workload"]),
-                        straggler=_describe_straggler(row) if "straggler_pod" in row else None,
-                    ),
+                    "next_step": step,
                 }
             )
     rows += _stalled(findings, top=top)

@@ -70,8 +70,8 @@ def write_node_outages(conn: Connection, rows: Sequence[Mapping[str, Any]]) -> i
 def read_pod_signals(
     conn: Connection, pod_uids: Sequence[str], *, window: Window, margin_ms: int
 ) -> pd.DataFrame:
-    """The signal rows of `pod_uids` in `[start - margin, end)`: pod_uid, source, ts_ms and
-    `POD_SIGNALS` (NaN where not recorded)."""
+    """The signal rows of `pod_uids` in `[start - margin, end + margin)`: pod_uid, source,
+    ts_ms and `POD_SIGNALS` (NaN where not recorded)."""
     cols = ["pod_uid", "source", "ts_ms", *POD_SIGNALS]
     found: list[Sequence[Any]] = []
     uids = sorted(set(pod_uids))
@@ -79,7 +79,7 @@ def read_pod_signals(
         stmt = select(*(pod_signals.c[c] for c in cols)).where(
             pod_signals.c.pod_uid.in_(uids[i : i + _CHUNK]),
             pod_signals.c.ts_ms >= window.start_ms - margin_ms,
-            pod_signals.c.ts_ms < window.end_ms,
+            pod_signals.c.ts_ms < window.end_ms + margin_ms,
         )
         found += conn.execute(stmt).all()
     frame = pd.DataFrame([tuple(r) for r in found], columns=cols)
@@ -89,14 +89,14 @@ def read_pod_signals(
 def read_card_signals(
     conn: Connection, *, window: Window, margin_ms: int, gpu_ids: Sequence[int] | None = None
 ) -> pd.DataFrame:
-    """The card signal rows in `[start - margin, end)` (of `gpu_ids` only, when given): gpu
+    """The card signal rows in `[start - margin, end + margin)` (of `gpu_ids` only, when given): gpu
     (the UUID), ts_ms, `CARD_SIGNALS`."""
     base = (
         select(gpus.c.uuid, card_signals.c.ts_ms, *(card_signals.c[c] for c in CARD_SIGNALS))
         .join(gpus, gpus.c.id == card_signals.c.gpu_id)
         .where(
             card_signals.c.ts_ms >= window.start_ms - margin_ms,
-            card_signals.c.ts_ms < window.end_ms,
+            card_signals.c.ts_ms < window.end_ms + margin_ms,
         )
     )
     if gpu_ids is None:

@@ -6,7 +6,9 @@ per (card, pod, category): idle runs are classified over the whole tenure, readi
 samples outside the window, then clipped. The shapes that break it are tenures the window
 cuts: a pod still running where the data ends (an open tenure, whose idle tail is a middle
 run), a tenure crossing several windows, a gang whose cards held at other times (its
-checkpoint series is over all its gaps), and shared cards (SPEC §7).
+checkpoint series is over all its gaps), and shared cards (SPEC §7). The causes inside
+`compute_idle` and `unallocated` (SPEC §10) add up too, with signals that change inside
+tenures and a node cordoned for a while.
 
 Cases are drawn at 60 s sampling, as dcgm-exporter is often scraped, from the records the
 real system stores: cards, samples, pods with their bound and finished times, exact
@@ -27,7 +29,7 @@ import pandas as pd
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
 
 from auditor import jobs
 from auditor.classify import build_tenures, classify
@@ -200,6 +202,7 @@ def write_case(url: str, case: Case) -> None:
             ids = writes.upsert_gpus(
                 conn, [GpuRecord(c, "n1", i, "NVIDIA H100") for i, c in enumerate(case.cards)]
             )
+            write_signals(conn, case, ids)
             writes.insert_samples(
                 conn,
                 [
@@ -238,16 +241,63 @@ def write_case(url: str, case: Case) -> None:
         engine.dispose()
 
 
+def write_signals(conn: Connection, case: Case, ids: dict[str, int]) -> None:
+    """Signals as the sampler stores them (SPEC §10), every minute off the sampling grid:
+    each pod's CPU now at its limit, now not; each card's PCIe traffic now high, now low;
+    and the node cordoned for a stretch. So the causes change inside tenures, and windows
+    cut pieces whose halves lie on either side of a signal's change."""
+    from auditor.store.signals import write_card_signals, write_node_outages, write_pod_signals
+
+    rng = np.random.default_rng(int(case.samples["ts_ms"].sum()) % 2**32)
+    start = int(case.samples["ts_ms"].min()) - 10 * MINUTE
+    end = int(case.samples["ts_ms"].max()) + 10 * MINUTE
+    ticks = np.arange(start + 17_000, end, MINUTE)
+    write_pod_signals(
+        conn,
+        [
+            {"pod_uid": p.uid, "source": "cgroup", "ts_ms": int(t),
+             "cpu_limit_ratio": float(rng.choice([0.3, 0.95])), "throttled_ratio": 0.0}
+            for p in case.pods
+            for t in ticks
+            if rng.random() < 0.8  # a pass that missed a pod: its last row stands for it
+        ],
+    )  # fmt: skip
+    write_card_signals(
+        conn,
+        [
+            {"gpu_id": ids[c], "ts_ms": int(t) + 5_000,
+             "pcie_bytes_s": float(rng.choice([1e8, 5e9])), "pcie_link_bytes_s": 8e9}
+            for c in case.cards
+            for t in ticks
+        ],
+    )  # fmt: skip
+    cordon = int(rng.integers(start, end))
+    write_node_outages(
+        conn,
+        [{"node": "n1", "reason": "cordoned", "start_ms": cordon,
+          "end_ms": cordon + int(rng.integers(1, 120)) * MINUTE + 7_000}],
+    )  # fmt: skip
+
+
 def stored(url: str, run_ids: list[int]) -> dict[Key, float]:
+    """Seconds per (card, pod, category) and per (card, pod, category/cause) of the runs;
+    checks on the way that each run's causes sum to its categories."""
     from auditor.jobs.common import open_store
     from auditor.store import reads
+    from auditor.store.signals import read_causes
 
     engine = open_store(url)
     try:
         with engine.connect() as conn:
-            return totals([reads.read_results(conn, run_ids)])
+            results = [reads.read_results(conn, [r]) for r in run_ids]
+            causes = [read_causes(conn, [r]) for r in run_ids]
     finally:
         engine.dispose()
+    for res, cau in zip(results, causes, strict=True):
+        split = res[res["category"].isin(["compute_idle", "unallocated"])]
+        assert_add_up(totals([cau]), totals([split]))
+    named = [c.assign(category=c["category"] + "/" + c["cause"]) for c in causes]
+    return totals(results) | totals(named)
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
