@@ -100,7 +100,7 @@ SIGNAL_OF = {
 }
 """The signal that decided a piece (`deciding` column) -> the column it was read from."""
 
-IDLE_COLUMNS = ["gpu", "pod_uid", "cause", "deciding", "seconds", "signalled"]
+IDLE_COLUMNS = ["gpu", "pod_uid", "start_ms", "end_ms", "cause", "deciding", "seconds", "signalled"]
 FREE_COLUMNS = ["gpu", "cause", "seconds"]
 
 
@@ -157,14 +157,14 @@ def split_compute_idle(
     multi_card_pods: Collection[str],
     thresholds: CauseThresholds,
 ) -> pd.DataFrame:
-    """One row per `compute_idle` piece: its cause, the signal that decided it (`""` for
-    `unexplained`), its seconds, and whether any signal was recorded for it at all."""
+    """One row per `compute_idle` piece: its span, its cause, the signal that decided it
+    (`""` for `unexplained`), its seconds, and whether any signal was recorded for it."""
     idle = pieces[
         (pieces["category"] == WasteCategory.COMPUTE_IDLE.value) & pieces["pod_uid"].notna()
     ]
     if idle.empty:
         return pd.DataFrame({c: pd.Series(dtype=object) for c in IDLE_COLUMNS}).astype(
-            {"seconds": np.float64, "signalled": bool}
+            {"start_ms": np.int64, "end_ms": np.int64, "seconds": np.float64, "signalled": bool}
         )
     stale = round(thresholds.signal_stale_s * 1000)
     pod = _at(idle, pod_signals, key="pod_uid", columns=POD_SIGNALS, stale_ms=stale)
@@ -211,6 +211,8 @@ def split_compute_idle(
         {
             "gpu": idle["gpu"].to_numpy(dtype=object),
             "pod_uid": idle["pod_uid"].to_numpy(dtype=object),
+            "start_ms": idle["start_ms"].to_numpy(dtype=np.int64),
+            "end_ms": idle["end_ms"].to_numpy(dtype=np.int64),
             "cause": cause,
             "deciding": deciding,
             "seconds": idle["seconds"].to_numpy(dtype=np.float64),

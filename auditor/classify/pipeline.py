@@ -60,7 +60,7 @@ from auditor.classify.pieces import (
 from auditor.classify.runs import RunDecision, classify_runs
 from auditor.classify.shares import Scale, expand, on_physical_cards
 from auditor.classify.timeline import Segments, TenureTable, cut_segments, normalise_tenures
-from auditor.classify.unsampled import unsampled_results
+from auditor.classify.unsampled import unsampled_pieces, unsampled_results
 from auditor.model import Window
 from auditor.settings import Thresholds
 
@@ -220,15 +220,20 @@ def classify(
     test hook: one tenant of share 1 must come out as the exclusive path does).
     `keep_pieces`: also return the classified pieces over time (`Classification.pieces`).
     """
-    unsampled = unsampled_results(
-        tenures, sampled=set(samples["gpu"].dropna().astype(str)), window=window, cards=cards
+    sampled = set(samples["gpu"].dropna().astype(str))
+    unsampled = unsampled_results(tenures, sampled=sampled, window=window, cards=cards)
+    # the unsampled cards' pieces too, so that the pieces always sum to the results
+    extra = (
+        unsampled_pieces(tenures, sampled=sampled, window=window, cards=cards)
+        if keep_pieces
+        else None
     )
     st = load_samples(samples, thresholds=thresholds)
     if st.ts.size == 0:
         return Classification(
             results=unsampled,
             findings=empty_findings(),
-            pieces=empty_piece_frame() if keep_pieces else None,
+            pieces=_with_pieces(empty_piece_frame(), extra) if keep_pieces else None,
         )
     shared = expand(
         st,
@@ -354,4 +359,15 @@ def classify(
             ["gpu", "pod_uid"], na_position="first", kind="stable"
         )
         results = results.reset_index(drop=True)
+    if kept is not None:
+        kept = _with_pieces(kept, extra)
     return Classification(results=results, findings=findings, pieces=kept)
+
+
+def _with_pieces(kept: pd.DataFrame, extra: pd.DataFrame | None) -> pd.DataFrame:
+    """`kept` and the pieces `extra` (in its column order), sorted as `piece_frame` sorts."""
+    if extra is None or extra.empty:
+        return kept
+    both = pd.concat([kept, extra[list(kept.columns)]], ignore_index=True)
+    both = both.sort_values(["gpu", "pod_uid", "start_ms"], na_position="first", kind="stable")
+    return both.reset_index(drop=True)

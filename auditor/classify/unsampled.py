@@ -23,18 +23,34 @@ from auditor.classify.pieces import empty_results
 from auditor.model import WasteCategory, Window
 
 
-def unsampled_results(
+def unsampled_pieces(
     tenures: pd.DataFrame,
     *,
     sampled: Collection[str],
     window: Window,
     cards: pd.DataFrame | None = None,
-) -> pd.DataFrame:
-    """`unobserved` seconds of each (card, pod) whose card has no sample at all. A MIG
-    instance whose physical card is sampled is not one: its layout (`auditor.classify.mig`)
-    says when the instance existed (`cards`: uuid, parent_uuid)."""
+) -> pd.DataFrame | None:
+    """The `unsampled_results` as pieces over time (`auditor.classify.pieces.piece_frame`'s
+    columns): each tenure of an unsampled card, clipped to the window; None if none."""
+    frame = _unsampled(tenures, sampled=sampled, window=window, cards=cards)
+    if frame is None:
+        return None
+    return frame.assign(
+        category=WasteCategory.UNOBSERVED.value,
+        mid_ms=(frame["start_ms"] + frame["end_ms"]) // 2,
+    )
+
+
+def _unsampled(
+    tenures: pd.DataFrame,
+    *,
+    sampled: Collection[str],
+    window: Window,
+    cards: pd.DataFrame | None = None,
+) -> pd.DataFrame | None:
+    """gpu, pod_uid, start_ms, end_ms, seconds of each tenure of a card with no sample."""
     if tenures.empty:
-        return empty_results()
+        return None
     known = set(sampled)
     if cards is not None and "parent_uuid" in cards.columns:
         parents = cards.dropna(subset=["parent_uuid"])
@@ -50,7 +66,7 @@ def unsampled_results(
         keep &= gpu.isin(list(cards["uuid"].astype(str)))
     held = tenures[keep]
     if held.empty:
-        return empty_results()
+        return None
     start = np.maximum(held["start_ms"].to_numpy(dtype=np.float64), window.start_ms)
     end = np.minimum(held["end_ms"].to_numpy(dtype=np.float64), window.end_ms)
     share = (
@@ -63,11 +79,27 @@ def unsampled_results(
         {
             "gpu": held["gpu"].astype(object).to_numpy(),
             "pod_uid": held["pod_uid"].astype(object).to_numpy(),
+            "start_ms": start.astype(np.int64),
+            "end_ms": end.astype(np.int64),
             "seconds": seconds,
         }
     )
     frame = frame[frame["seconds"] > 0]
-    if frame.empty:
+    return frame if not frame.empty else None
+
+
+def unsampled_results(
+    tenures: pd.DataFrame,
+    *,
+    sampled: Collection[str],
+    window: Window,
+    cards: pd.DataFrame | None = None,
+) -> pd.DataFrame:
+    """`unobserved` seconds of each (card, pod) whose card has no sample at all. A MIG
+    instance whose physical card is sampled is not one: its layout (`auditor.classify.mig`)
+    says when the instance existed (`cards`: uuid, parent_uuid)."""
+    frame = _unsampled(tenures, sampled=sampled, window=window, cards=cards)
+    if frame is None:
         return empty_results()
     out = frame.groupby(["gpu", "pod_uid"], sort=True, as_index=False)["seconds"].sum()
     return pd.DataFrame(

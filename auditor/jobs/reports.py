@@ -197,12 +197,15 @@ def _explain(
 ) -> Explanation:
     import pandas as pd
 
+    from auditor.classify.causes import multi_card_pods, split_compute_idle
     from auditor.classify.pipeline import classify
+    from auditor.jobs.audit import READ_MARGIN_MS
     from auditor.report.explain import build_explanation
     from auditor.report.targets import resolve_target
     from auditor.report.timeline import bucketise
     from auditor.store import reads
     from auditor.store.rollup import read_audit_samples
+    from auditor.store.signals import read_card_signals, read_pod_signals
 
     label, uids = resolve_target(held.pods, target)
     tenures = held.tenures
@@ -239,7 +242,17 @@ def _explain(
     if pieces.empty:
         raise InputError(f"no GPU samples of {label}'s cards", field="JOB_OR_POD")
     lo, hi = int(pieces["start_ms"].min()), int(pieces["end_ms"].max())
+    # why the target's cards idled (SPEC §10): its pods' and cards' signals over its span
+    margin = round(thresholds.signal_stale_s * 1000) + READ_MARGIN_MS
+    idle = split_compute_idle(
+        pieces,
+        pod_signals=read_pod_signals(conn, sorted(uids), window=held_span, margin_ms=margin),
+        card_signals=read_card_signals(conn, window=held_span, margin_ms=margin, gpu_ids=ids),
+        multi_card_pods=multi_card_pods(gang),
+        thresholds=thresholds.causes,
+    )
     return build_explanation(
+        idle=idle,
         target=label,
         window=Window(lo, hi),
         timelines=bucketise(pieces, span=Window(lo, hi), buckets=buckets),

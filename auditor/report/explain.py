@@ -19,8 +19,10 @@ from datetime import UTC, datetime
 import numpy as np
 import pandas as pd
 
+from auditor.classify.causes import IdleCause
 from auditor.model import SCHEDULING_WASTE, WasteCategory, Window
 from auditor.report.advice import next_step, throttle_names
+from auditor.report.causes import FIRST_STEP
 from auditor.report.text import terminal_safe
 from auditor.report.timeline import CardTimeline
 
@@ -65,6 +67,9 @@ class Explanation:
     workload: str | None
     steps: list[tuple[str, str]] = field(default_factory=list)
     """(category, next step) for the categories that cost most, biggest first."""
+    idle_causes: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """Compute idle by cause and deciding signal (SPEC §10): cause, deciding, seconds,
+    start_ms (of its first piece), end_ms (of its last); biggest first."""
 
 
 def _text(value: object) -> str:
@@ -83,8 +88,10 @@ def build_explanation(
     findings: pd.DataFrame,
     pods: pd.DataFrame,
     gpus: pd.DataFrame,
+    idle: pd.DataFrame | None = None,
 ) -> Explanation:
-    """Join timelines, results (gpu, pod_uid, category, seconds) and findings with names."""
+    """Join timelines, results (gpu, pod_uid, category, seconds) and findings with names;
+    `idle`: the target's compute idle pieces by cause (`causes.split_compute_idle`)."""
     pod_by_uid = pods.drop_duplicates("uid").set_index("uid")
     node_of = dict(zip(gpus["uuid"], gpus["node"], strict=True))
     shown = {(t.gpu, t.pod_uid) for t in timelines}
@@ -121,12 +128,32 @@ def build_explanation(
         for cat, s in c.totals.items():
             if cat not in ("busy", "unallocated"):
                 waste[cat] = waste.get(cat, 0.0) + s
+    causes = _idle_causes(idle)
+    named = causes[causes["cause"] != IdleCause.UNEXPLAINED.value]
     steps: list[tuple[str, str]] = []
     straggler = _straggler_text(f)
     for cat, s in sorted(waste.items(), key=lambda kv: -kv[1]):
         if s >= 60 and len(steps) < 4:
-            steps.append((cat, next_step(cat, workload=workload, straggler=straggler)))
-    return Explanation(target, window, cards, f.reset_index(drop=True), workload, steps)
+            step = next_step(cat, workload=workload, straggler=straggler)
+            if cat == WasteCategory.COMPUTE_IDLE.value and not named.empty:
+                lead = str(named["cause"].iloc[0])  # the cause a signal named most often
+                step = f"mostly {lead}: {FIRST_STEP[lead]}"
+            steps.append((cat, step))
+    return Explanation(target, window, cards, f.reset_index(drop=True), workload, steps, causes)
+
+
+def _idle_causes(idle: pd.DataFrame | None) -> pd.DataFrame:
+    cols = ["cause", "deciding", "seconds", "start_ms", "end_ms"]
+    if idle is None or idle.empty:
+        return pd.DataFrame(columns=cols)
+    per = idle.groupby(["cause", "deciding"], as_index=False).agg(
+        seconds=("seconds", "sum"), start_ms=("start_ms", "min"), end_ms=("end_ms", "max")
+    )
+    by_cause = per.groupby("cause")["seconds"].transform("sum")
+    ranked = per.assign(_c=by_cause).sort_values(
+        ["_c", "cause", "seconds"], ascending=[False, True, False], kind="stable"
+    )
+    return ranked[cols].reset_index(drop=True)
 
 
 def _straggler_text(findings: pd.DataFrame) -> str | None:
@@ -253,6 +280,16 @@ def render_explain_text(ex: Explanation, *, width: int = 72) -> str:
         lines.append(f"  {duration(waits)} of straggler wait; slowest card: {straggler}")
     else:
         lines.append("  nothing: no card waited for a slower rank")
+    lines += ["", "Why the cards idled (compute idle by cause, and the signal that decided it):"]
+    idle_total = float(ex.idle_causes["seconds"].sum()) if len(ex.idle_causes) else 0.0
+    if idle_total <= 0:
+        lines.append("  no compute idle")
+    for r in ex.idle_causes.to_dict("records"):
+        signal = r["deciding"] or "no signal held"
+        lines.append(
+            f"  {r['cause']:<14} {signal:<14} {duration(float(r['seconds'])):>7} "
+            f"{float(r['seconds']) / idle_total:>4.0%}  {when(r['start_ms'])} → {when(r['end_ms'])}"
+        )
     lines += ["", "Next steps:"]
     lines += [f"  {cat}: {step}" for cat, step in ex.steps] or ["  none: the cards were busy"]
     return "\n".join(terminal_safe(line) for line in lines) + "\n"

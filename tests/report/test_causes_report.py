@@ -82,9 +82,13 @@ def _store(engine: Engine) -> None:
                 for m in range(0, 80)
             ],
         )  # fmt: skip
-        write_node_outages(
-            conn, [{"node": "node-b", "reason": "cordoned", "start_ms": T0 - MIN, "end_ms": T0 + 60 * MIN}]
-        )  # fmt: skip
+        cordon = {
+            "node": "node-b",
+            "reason": "cordoned",
+            "start_ms": T0 - MIN,
+            "end_ms": T0 + 60 * MIN,
+        }
+        write_node_outages(conn, [cordon])
 
 
 @pytest.fixture
@@ -125,7 +129,8 @@ def test_each_idle_gap_gets_the_cause_its_signal_tells_and_the_causes_sum_to_the
     from auditor.report.render import render_table
 
     text = render_table(report)
-    assert "input_bound" in text and "DataLoader workers" in text
+    assert "input_bound" in text
+    assert "DataLoader workers" in text
     assert "repair, drain or uncordon" in text
     assert "31% of compute_idle rests on no recorded signal" in text
     offenders = report.offenders.set_index("category")
@@ -167,3 +172,20 @@ def test_the_metrics_serve_the_causes_per_team(audited: str) -> None:
     assert hours[("(platform)", "unallocated", "unavailable")] == pytest.approx(1.0, abs=1e-3)
     blind = {s.labels["team"]: s.value for s in families["auditor_audit_no_signal_ratio"].samples}
     assert blind["vision"] == pytest.approx(4 / 13, abs=1e-3)
+
+
+def test_explain_names_each_idle_cause_with_its_signal_and_when(audited: str) -> None:
+    from auditor.report.explain import render_explain_text
+
+    ex = jobs.explain(audited, "ml/Job/train", thresholds=Thresholds())
+    text = render_explain_text(ex)
+
+    why = text.split("Why the cards idled")[1].split("Next steps:")[0]
+    lines = [line.split() for line in why.strip().splitlines()[1:]]
+    assert [(w[0], w[1]) for w in lines] == [
+        ("host_transfer", "pcie"),
+        ("unexplained", "no"),
+        ("input_bound", "cpu_throttled"),
+    ]
+    assert "2026-11-23 00:55:00" in why  # the PCIe gap's first piece starts at its minute
+    assert "compute_idle: mostly host_transfer: larger, pinned" in text
