@@ -19,7 +19,15 @@ import pandas as pd
 from auditor.classify.whatif import WhatIf
 from auditor.model import CATEGORIES
 from auditor.report.explain import Explanation, duration, grouped_findings, when
-from auditor.report.render import Report, group_keys, held_busy, notes, util_text
+from auditor.report.render import (
+    Report,
+    cause_lines,
+    group_keys,
+    held_busy,
+    no_signal_notes,
+    notes,
+    util_text,
+)
 from auditor.report.svg import (
     COLOURS,
     LABELS,
@@ -167,6 +175,25 @@ def _distribution(report: Report, card_util: Sequence[float] | None) -> str:
     )
 
 
+def _causes(report: Report) -> str:
+    """Why held cards idled and free cards sat free: the fleet's causes (SPEC §10)."""
+    lines = cause_lines(report)
+    if not lines:
+        return ""
+    rows = "".join(
+        f"<tr><td>{html_text(LABELS.get(cat, cat))}</td><td>{html_text(cause)}</td>"
+        f'<td class="n">{hours:,.1f}</td><td class="n">{share:.0%}</td>'
+        f"<td>{html_text(step)}</td></tr>"
+        for cat, cause, hours, share, step in lines
+    )
+    notes = "".join(f"<p class='muted'>{html_text(n)}</p>" for n in no_signal_notes(report))
+    return (
+        "<h2>Why held cards idled and free cards sat free</h2><table><tr><th>category</th>"
+        '<th>cause</th><th class="n">GPU-h</th><th class="n">share</th><th>first step</th></tr>'
+        f"{rows}</table>{notes}"
+    )
+
+
 def _offenders(report: Report, linked: set[str]) -> str:
     if report.offenders.empty:
         return "<h2>Top offenders</h2><p>None.</p>"
@@ -260,7 +287,8 @@ def render_report_html(
     linked = {ex.target for ex in timelines}
     body = (
         f"<h1>GPU waste audit</h1><p class='muted'>{html_text(window)}</p>{_summary(report)}"
-        f"{_groups(report)}{_distribution(report, card_util)}{_offenders(report, linked)}"
+        f"{_groups(report)}{_distribution(report, card_util)}{_causes(report)}"
+        f"{_offenders(report, linked)}"
     )
     if whatif is not None:
         body += whatif_section(whatif)

@@ -189,3 +189,15 @@ def test_explain_names_each_idle_cause_with_its_signal_and_when(audited: str) ->
     ]
     assert "2026-11-23 00:55:00" in why  # the PCIe gap's first piece starts at its minute
     assert "compute_idle: mostly host_transfer: larger, pinned" in text
+
+
+def test_the_html_report_shows_the_causes_with_their_first_steps(audited: str) -> None:
+    from auditor.report.summary import GroupBy
+
+    page = jobs.build_report_html(
+        audited, start_ms=None, end_ms=None, by=GroupBy.TEAM, team=None, thresholds=Thresholds()
+    )
+
+    why = page.split("Why held cards idled and free cards sat free")[1].split("</table>")[0]
+    assert "<td>host_transfer</td>" in why
+    assert "repair, drain or uncordon the node" in why
