@@ -2,6 +2,7 @@
 present and with none, on SQLite, in one run.
 
     .venv/bin/python bench/bench_causes.py [--gpus 1000] [--hours 6] [--rounds 3]
+        [--before DIR]
 
 The fleet is `bench/fleet.py`'s (5 s samples, exact assignments). One store holds only its
 samples and pods; a copy of it holds as well, every 30 s, a cgroup signal row per pod
@@ -9,13 +10,16 @@ samples and pods; a copy of it holds as well, every 30 s, a cgroup signal row pe
 one node in ten. Both are audited in turn, each audit in its own process (imports are not
 audit time), `--rounds` times; the medians and their ratio are printed. Without signals
 the audit still splits both categories (every idle second `unexplained`, every free one
-`no_demand`): the ratio is the cost of reading and judging the signals.
+`no_demand`): the ratio is the cost of reading and judging the signals. `--before DIR`, a
+checkout of a release without causes (`git worktree add DIR <commit>`), adds its audit of
+the bare store in the same rounds: the cost of the split itself.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -112,12 +116,13 @@ def add_signals(url: str, *, start_ms: int, end_ms: int) -> tuple[int, int]:
     return len(pod_rows), len(card_rows)
 
 
-def audit(url: str, start_ms: int, end_ms: int) -> float:
+def audit(url: str, start_ms: int, end_ms: int, *, tree: Path = ROOT) -> float:
     done = subprocess.run(
         [sys.executable, "-c", AUDIT, url, str(start_ms), str(end_ms)],
         capture_output=True,
         text=True,
         check=False,
+        env={**os.environ, "PYTHONPATH": str(tree)},
     )
     if done.returncode != 0:
         raise SystemExit(f"audit failed:\n{done.stderr}")
@@ -130,6 +135,7 @@ def main() -> None:
     parser.add_argument("--gpus", type=int, default=1000)
     parser.add_argument("--hours", type=float, default=6.0)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--before", type=Path, default=None, help="a checkout without causes")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-causes-") as tmp:
         bare, full = Path(tmp) / "bare.db", Path(tmp) / "signals.db"
@@ -142,13 +148,22 @@ def main() -> None:
         )
         without: list[float] = []
         with_: list[float] = []
-        for _ in range(args.rounds):  # in turn, so that the machine's load hits both alike
+        before: list[float] = []
+        for _ in range(args.rounds):  # in turn, so that the machine's load hits all alike
             without.append(audit(f"sqlite:///{bare}", start, end))
             with_.append(audit(f"sqlite:///{full}", start, end))
+            if args.before is not None:
+                before.append(audit(f"sqlite:///{bare}", start, end, tree=args.before))
         a, b = statistics.median(without), statistics.median(with_)
         print(f"  audit without signals: median {a:.2f} s  {[round(x, 2) for x in without]}")
         print(f"  audit with every signal: median {b:.2f} s  {[round(x, 2) for x in with_]}")
         print(f"  with / without: {b / a:.3f}x")
+        if before:
+            c = statistics.median(before)
+            print(f"  audit before causes: median {c:.2f} s  {[round(x, 2) for x in before]}")
+            print(
+                f"  without signals / before: {a / c:.3f}x; with every signal / before: {b / c:.3f}x"
+            )
 
 
 if __name__ == "__main__":

@@ -262,7 +262,8 @@ def split_unallocated(
     if free.empty:
         return pd.DataFrame({"gpu": pd.Series(dtype=object), "cause": pd.Series(dtype=object),
                              "seconds": pd.Series(dtype=np.float64)})  # fmt: skip
-    gpu = free["gpu"].astype(str).to_numpy()
+    codes, cards = pd.factorize(free["gpu"].astype(str), sort=True)
+    gpu = np.asarray(cards, dtype=object)[codes]
     start = free["start_ms"].to_numpy(np.int64)
     end = free["end_ms"].to_numpy(np.int64)
     seconds = free["seconds"].to_numpy(np.float64)
@@ -270,10 +271,10 @@ def split_unallocated(
     weight = seconds * 1000.0 / length  # the card's free share during the piece
 
     out_ms = np.zeros(gpu.size)
-    node = np.array([card_node.get(g, "") for g in gpu], dtype=object)
+    card_nodes = np.array([card_node.get(g, "") for g in cards], dtype=object)
     if unavailable is not None and not unavailable.empty:
         for name, spans in unavailable.groupby("node"):
-            on = node == name
+            on = (card_nodes == name)[codes]
             out_ms[on] = _covered_ms(
                 start[on],
                 end[on],
@@ -285,7 +286,7 @@ def split_unallocated(
 
     blocked = np.zeros(gpu.size)
     if demand is not None and not demand.empty and avail_w.any():
-        kind = np.array([card_kind.get(g, "") for g in gpu], dtype=object)
+        kind = np.array([card_kind.get(g, "") for g in cards], dtype=object)[codes]
         d_kind = demand["kind"].astype(object).where(demand["kind"].notna(), None).to_numpy()
         d_start = demand["start_ms"].to_numpy(np.int64)
         d_end = demand["end_ms"].to_numpy(np.int64)
@@ -322,19 +323,18 @@ def split_unallocated(
         blocked = avail_w * (cum[ki, ei] - cum[ki, si]) / 1000.0
         blocked = np.minimum(blocked, seconds - gone)
     rest = np.maximum(seconds - gone - blocked, 0.0)
+    names = [FreeCause.BLOCKED.value, FreeCause.NO_DEMAND.value, FreeCause.UNAVAILABLE.value]
+    per = [np.bincount(codes, weights=w, minlength=len(cards)) for w in (blocked, rest, gone)]
+    sums = np.concatenate(per)  # per cause (in name order), per card (sorted)
     frame = pd.DataFrame(
         {
-            "gpu": np.concatenate([gpu, gpu, gpu]).astype(object),
-            "cause": np.repeat(
-                [FreeCause.UNAVAILABLE.value, FreeCause.BLOCKED.value, FreeCause.NO_DEMAND.value],
-                gpu.size,
-            ).astype(object),
-            "seconds": np.concatenate([gone, blocked, rest]),
+            "gpu": np.tile(np.asarray(cards, dtype=object), len(names)),
+            "cause": np.repeat(np.array(names, dtype=object), len(cards)),
+            "seconds": sums,
         }
     )
-    summed = frame.groupby(["gpu", "cause"], as_index=False, sort=True)["seconds"].sum()
-    kept: pd.DataFrame = summed[summed["seconds"] > 0].reset_index(drop=True)
-    return kept[FREE_COLUMNS]
+    kept = frame[frame["seconds"] > 0].sort_values(["gpu", "cause"], kind="stable")
+    return kept.reset_index(drop=True)[FREE_COLUMNS]
 
 
 CAUSE_COLUMNS = ["gpu", "pod_uid", "category", "cause", "seconds", "signalled_seconds"]

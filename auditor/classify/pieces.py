@@ -9,6 +9,7 @@ makes the results of adjacent windows add up to those of their union.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import numpy as np
@@ -174,8 +175,10 @@ def piece_frame(
     window: Window,
     tenures: TenureTable,
     uuids: ObjArr,
+    categories: Collection[str] | None = None,
 ) -> pd.DataFrame:
-    """The classified pieces over time: one row per (piece, category) with seconds > 0.
+    """The classified pieces over time: one row per (piece, category) with seconds > 0, of
+    `categories` only when given (the audit's causes need two of them).
 
     Columns `PIECE_COLUMNS`: start_ms and end_ms are the piece clipped to the window (`lo`,
     `hi`, `seconds` as `Pieces.window_ms` returns them); mid_ms is the midpoint of the
@@ -183,32 +186,35 @@ def piece_frame(
     either window (the causes of SPEC §10); seconds is the category's fraction
     of the clipped time, computed as `sum_results` computes it, so that the seconds summed per
     (gpu, pod_uid, category) are the results. pod_uid is None where nobody held the card.
-    Sorted by gpu, pod_uid (None first), start_ms and category (in `CATEGORIES` order).
+    Sorted by gpu, pod_uid (None first), start_ms and category (in `CATEGORIES` order),
+    unless `categories` are given.
     """
-    has_b = np.flatnonzero(pieces.cat_b >= 0)
     r_lo = np.maximum(rest.start, window[0])
     r_hi = np.minimum(rest.end, window[1])
     r_seconds = np.maximum(r_hi - r_lo, 0) / 1000.0
     if rest.weight is not None:
         r_seconds = r_seconds * rest.weight
     n = pieces.gpu.size
-    gpu = np.concatenate([pieces.gpu, pieces.gpu, pieces.gpu[has_b], rest.gpu])
-    tenure = np.concatenate([pieces.tenure, pieces.tenure, pieces.tenure[has_b], rest.tenure])
-    start = np.concatenate([lo, lo, lo[has_b], r_lo])
-    end = np.concatenate([hi, hi, hi[has_b], r_hi])
+    chosen = None if categories is None else {str(c) for c in categories}
+    wanted = np.array([chosen is None or c.value in chosen for c in CATEGORIES])
+    # (rows of the pieces, their categories, their seconds) per block, filtered first
+    blocks: list[tuple[IntArr, IntArr, FloatArr]] = []
+    if wanted[codes.BUSY]:
+        blocks.append((np.arange(n), np.full(n, codes.BUSY, dtype=np.int64), pieces.busy * seconds))
+    a = np.flatnonzero(wanted[pieces.cat_a])
+    blocks.append((a, pieces.cat_a[a], pieces.frac_a[a] * seconds[a]))
+    b = np.flatnonzero((pieces.cat_b >= 0) & wanted[np.maximum(pieces.cat_b, 0)])
+    blocks.append((b, pieces.cat_b[b], pieces.frac_b[b] * seconds[b]))
+    rows = np.concatenate([r for r, _, _ in blocks])
+    r_keep = np.flatnonzero(wanted[rest.category])
     p_mid = (pieces.start + pieces.end) // 2
-    mid = np.concatenate([p_mid, p_mid, p_mid[has_b], (rest.start + rest.end) // 2])
-    category = np.concatenate(
-        [np.full(n, codes.BUSY, dtype=np.int64), pieces.cat_a, pieces.cat_b[has_b], rest.category]
-    )
-    part = np.concatenate(
-        [
-            pieces.busy * seconds,
-            pieces.frac_a * seconds,
-            pieces.frac_b[has_b] * seconds[has_b],
-            r_seconds,
-        ]
-    )
+    gpu = np.concatenate([pieces.gpu[rows], rest.gpu[r_keep]])
+    tenure = np.concatenate([pieces.tenure[rows], rest.tenure[r_keep]])
+    start = np.concatenate([lo[rows], r_lo[r_keep]])
+    end = np.concatenate([hi[rows], r_hi[r_keep]])
+    mid = np.concatenate([p_mid[rows], (rest.start[r_keep] + rest.end[r_keep]) // 2])
+    category = np.concatenate([*(c for _, c, _ in blocks), rest.category[r_keep]])
+    part = np.concatenate([*(x for _, _, x in blocks), r_seconds[r_keep]])
     keep = np.flatnonzero(part > 0)
     if keep.size == 0:
         return empty_piece_frame()
@@ -217,7 +223,8 @@ def piece_frame(
     held = tenure >= 0
     pod = np.full(keep.size, -1, dtype=np.int64)
     pod[held] = tenures.pod[tenure[held]]
-    order = np.lexsort((category, start, pod, gpu))
+    # sorted for a reader that walks them in time; a selection (the audit's) needs no order
+    order = np.lexsort((category, start, pod, gpu)) if categories is None else np.arange(keep.size)
     pod_uid = np.full(keep.size, None, dtype=object)
     pod_uid[held] = tenures.pods[pod[held]]
     names = np.array([str(c) for c in CATEGORIES], dtype=object)

@@ -61,7 +61,7 @@ from auditor.classify.runs import RunDecision, classify_runs
 from auditor.classify.shares import Scale, expand, on_physical_cards
 from auditor.classify.timeline import Segments, TenureTable, cut_segments, normalise_tenures
 from auditor.classify.unsampled import unsampled_pieces, unsampled_results
-from auditor.model import Window
+from auditor.model import WasteCategory, Window
 from auditor.settings import Thresholds
 
 T = TypeVar("T", bound=np.generic)
@@ -204,6 +204,7 @@ def classify(
     activity: pd.DataFrame | None = None,
     shared_cards: Collection[str] = (),
     keep_pieces: bool = False,
+    piece_categories: Collection[str] | None = None,
 ) -> Classification:
     """Split every capacity second in `window` into categories (module docstring).
 
@@ -218,7 +219,8 @@ def classify(
     util: a pod's utilisation of the whole card) is each tenant's measured activity.
     `shared_cards` go through the shared path even where every tenure holds them whole (a
     test hook: one tenant of share 1 must come out as the exclusive path does).
-    `keep_pieces`: also return the classified pieces over time (`Classification.pieces`).
+    `keep_pieces`: also return the classified pieces over time (`Classification.pieces`),
+    of `piece_categories` only when given.
     """
     sampled = set(samples["gpu"].dropna().astype(str))
     unsampled = unsampled_results(tenures, sampled=sampled, window=window, cards=cards)
@@ -226,6 +228,7 @@ def classify(
     extra = (
         unsampled_pieces(tenures, sampled=sampled, window=window, cards=cards)
         if keep_pieces
+        and (piece_categories is None or WasteCategory.UNOBSERVED.value in piece_categories)
         else None
     )
     st = load_samples(samples, thresholds=thresholds)
@@ -349,6 +352,7 @@ def classify(
             window=window,
             tenures=ten,
             uuids=st.uuids,
+            categories=piece_categories,
         )
     if shared is not None:
         results, findings = on_physical_cards(results, findings, shared)

@@ -31,6 +31,10 @@ median spacing of what is read, and a window inside an outage must still see the
 the card was sampled at, not the outage's length."""
 
 
+SPLIT_CATEGORIES = ("compute_idle", "unallocated")
+"""The categories split by cause (SPEC §10): the only pieces the audit keeps."""
+
+
 @dataclass(frozen=True)
 class Loaded:
     """What one chunk of the audit reads: samples, tenants' activity, signals."""
@@ -224,6 +228,7 @@ def _audit(
                 cards=gpus,
                 activity=activity,
                 keep_pieces=True,
+                piece_categories=SPLIT_CATEGORIES,
             )
             assert result.pieces is not None
             res = result.results[result.results["gpu"].isin(own)]
