@@ -183,7 +183,8 @@ def import_outputs_prometheus(
     engine = open_store(url)
     unresolved = queue_unresolved = 0
     with engine.begin() as conn:
-        named = pods_by_name(conn, [(i.namespace, i.pod) for i in [*counters, *buckets, *queues]])
+        names = [(i.namespace, i.pod) for i in [*counters, *buckets]]
+        named = pods_by_name(conn, names + [(q.namespace, q.pod) for q in queues])
         out: dict[tuple[str, str, int], dict[str, Any]] = {}
         lat: dict[tuple[str, str, int, float], dict[str, Any]] = {}
         for inc in counters:
