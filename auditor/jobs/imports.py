@@ -383,17 +383,19 @@ def _import_signals(
 def pod_at(
     tenures: Sequence[tuple[str, int | None, int | None]], ms: int, *, slack_ms: int
 ) -> str | None:
-    """The pod of that name that existed at `ms`: bound at or before it (within `slack_ms`,
-    a grid step) and not yet over; the latest bound where tenures overlap. None where no
-    pod of that name existed then (a name reused later maps to its own pod, never to one
-    long gone)."""
-    best: tuple[int, str] | None = None
-    for uid, bound, end in tenures:
-        if bound is None or bound > ms + slack_ms or (end is not None and ms >= end + slack_ms):
-            continue
-        if best is None or bound > best[0]:
-            best = (bound, uid)
-    return best[1] if best else None
+    """The pod of that name that existed at `ms` (the latest bound where tenures overlap);
+    else one that existed within `slack_ms` (a grid step) of it. None where no pod of that
+    name existed then: a name reused later maps to its own pod, never to one long gone."""
+    for slack in (0, slack_ms):
+        best: tuple[int, str] | None = None
+        for uid, bound, end in tenures:
+            if bound is None or bound > ms + slack or (end is not None and ms >= end + slack):
+                continue
+            if best is None or bound > best[0]:
+                best = (bound, uid)
+        if best is not None:
+            return best[1]
+    return None
 
 
 def parse_node_options(values: Sequence[str]) -> dict[str, str]:

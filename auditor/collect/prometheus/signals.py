@@ -301,16 +301,18 @@ def _pod_level(by_what: _ByWhat, what: str, ms: int) -> float | None:
 
 
 def _network(by_what: _ByWhat, ms: int) -> float | None:
-    """Received + sent bytes per second of the pod's network namespace."""
-    total: float | None = None
+    """Received + sent bytes per second of the pod's network namespace; None unless both
+    directions were read (one alone would understate the traffic)."""
+    total = 0.0
     for what in ("rx", "tx"):
         series = by_what.get(what, {})
         value = next((series[c][ms] for c in POD_LEVEL if ms in series.get(c, {})), None)
         if value is None:
             others = [t[ms] for c, t in series.items() if c not in POD_LEVEL and ms in t]
             value = max(others) if others else None
-        if value is not None:
-            total = (total or 0.0) + value
+        if value is None:
+            return None
+        total += value
     return total
 
 
