@@ -240,6 +240,19 @@ def import_prometheus(
         + (f" ({stats.already} samples already stored)" if stats.already else "")
         + (f"; {terminal_safe(sources)}" if sources else "")
     )
+    if stats.pod_signals or stats.card_signals:
+        typer.echo(
+            f"stored {stats.pod_signals} cAdvisor pod signal rows and {stats.card_signals} "
+            "PCIe/NVLink card rows"
+            + (
+                f" ({stats.signals_unmatched} rows of pods or cards not in the database skipped)"
+                if stats.signals_unmatched
+                else ""
+            )
+        )
+    if stats.signals_bad:
+        bad = ", ".join(f"{terminal_safe(k)} {v}" for k, v in stats.signals_bad.items())
+        typer.echo(f"skipped bad signal points: {bad}", err=True)
     if stats.unresolved:
         typer.echo(
             f"{stats.unresolved} GPU -> pod spans name pods not in the database: "
@@ -324,7 +337,16 @@ def import_outputs(
         f"imported {stats.rows} output rows and {stats.latency_rows} latency bucket rows of "
         f"{stats.pods} pods from {terminal_safe(source)} in {stats.seconds:.1f}s"
         + (f" ({stats.resets} counter resets)" if stats.resets else "")
+        + (f"; {stats.queue_rows} serving queue rows" if stats.queue_rows else "")
     )
+    if stats.queue_unresolved:
+        typer.echo(
+            f"{stats.queue_unresolved} serving queue readings name pods not in the database",
+            err=True,
+        )
+    if stats.queue_bad:
+        bad = ", ".join(f"{terminal_safe(k)} {v}" for k, v in stats.queue_bad.items())
+        typer.echo(f"skipped bad serving queue readings: {bad}", err=True)
     if stats.unresolved:
         typer.echo(
             f"{stats.unresolved} series intervals name pods not in the database: "

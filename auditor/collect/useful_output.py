@@ -8,7 +8,8 @@ aligned to the epoch). A value below its predecessor is a counter reset (the ser
 restarted): the increase is the new value, as Prometheus' `increase()` counts it. Series
 are matched to pods by their `namespace` and `pod` labels; the several series of one pod
 (models, routes) add up. A latency histogram is read the same way from its `_bucket`
-series, one row per pod, interval and bucket bound `le`.
+series, one row per pod, interval and bucket bound `le`. Serving queue gauges (SPEC §10:
+requests running and waiting, `read_serving_queues`) are read on the same grid.
 
 CSV: a header naming `job` or `pod`, and `start`, `end`, `outputs`, `unit`; optional
 `quality` and `quality_better` (`lower`|`higher`). `job` is `namespace/Kind/name`, `pod`
@@ -153,6 +154,91 @@ def read_counters(
     ]
     stats.by_metric[metric] = stats.by_metric.get(metric, 0) + len(out)
     return out
+
+
+# ---------------------------------------------------------------- serving queues (SPEC §10)
+
+SERVING_GAUGES: Mapping[str, str] = {
+    "vllm:num_requests_running": "running",
+    "vllm:num_requests_waiting": "waiting",
+    "tgi_batch_current_size": "running",
+    "tgi_queue_size": "waiting",
+    "nv_inference_pending_request_count": "waiting",
+}
+"""Servers' queue gauges and what each counts: requests in the running batch, or waiting."""
+TRITON_EXECUTING = "nv_inference_compute_infer_duration_us"
+"""Triton has no gauge of requests executing; its counter of each request's compute time
+(microseconds) grows, per second, by the mean number executing (Little's law), which
+stands for Triton's running requests: `rate(...) / 1e6`."""
+QUEUE_MAX = 1e7
+"""More requests in one server's queue than any serves; past it a reading is bad input."""
+QUEUE_RATE_WINDOW_MIN_MS = 60_000
+
+
+@dataclass(frozen=True)
+class QueueReading:
+    """A serving pod's requests running and waiting at one grid time, each summed over the
+    pod's series (models, engines) and servers; None where the pod's servers give none."""
+
+    namespace: str
+    pod: str
+    ts_ms: int
+    running: float | None
+    waiting: float | None
+
+
+@dataclass
+class QueueStats:
+    series: int = 0
+    unlabelled: int = 0
+    """Series without `namespace`/`pod` labels: skipped."""
+    bad: dict[str, int] = field(default_factory=dict)
+    """Metric -> points skipped as bad input (not a number, infinite, negative, too many)."""
+
+
+def read_serving_queues(
+    client: PrometheusClient,
+    *,
+    window: tuple[int, int],
+    step_s: float,
+    stats: QueueStats | None = None,
+) -> list[QueueReading]:
+    """Every serving pod's queue on a `step` grid over the window: gauges through
+    `last_over_time` over one step (no value carried past a series' end), Triton's running
+    requests through `rate()` (`TRITON_EXECUTING`). A pod with none of these series has
+    no reading (it is not known to be a serving pod)."""
+    stats = stats if stats is not None else QueueStats()
+    step_ms = max(1, round(step_s * 1000))
+    rate_ms = max(2 * step_ms, QUEUE_RATE_WINDOW_MIN_MS)
+    queries = [(m, kind, f"last_over_time({m}[{max(step_ms - 1, 1)}ms])", 1.0)
+               for m, kind in SERVING_GAUGES.items()]  # fmt: skip
+    queries.append((TRITON_EXECUTING, "running", f"rate({TRITON_EXECUTING}[{rate_ms}ms])", 1e-6))
+    sums: dict[tuple[str, str, int], dict[str, float]] = {}
+    for first, last in chunks(window[0], window[1], step_ms=step_ms, max_points=MAX_POINTS):
+        for metric, kind, query, scale in queries:
+            answer = client.query_range(
+                query, start_s=first / 1000, end_s=last / 1000, step_s=step_ms / 1000
+            )
+            for labels, values in answer:
+                stats.series += 1
+                ns, pod = labels.get("namespace"), labels.get("pod")
+                if not ns or not pod:
+                    stats.unlabelled += 1
+                    continue
+                for t_raw, v_raw in values:
+                    try:
+                        value = float(str(v_raw)) * scale
+                    except ValueError:
+                        value = math.nan
+                    if not (math.isfinite(value) and 0 <= value <= QUEUE_MAX):
+                        stats.bad[metric] = stats.bad.get(metric, 0) + 1
+                        continue
+                    at = sums.setdefault((ns, pod, round(float(str(t_raw)) * 1000)), {})
+                    at[kind] = at.get(kind, 0.0) + value
+    return [
+        QueueReading(ns, pod, ms, got.get("running"), got.get("waiting"))
+        for (ns, pod, ms), got in sorted(sums.items())
+    ]
 
 
 # ---------------------------------------------------------------- the outputs CSV

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from sqlalchemy import Connection
 
     from auditor.collect.nvidia_smi import SampleBlock
-    from auditor.collect.prometheus import Auth
+    from auditor.collect.prometheus import Auth, PrometheusClient, SignalStats
 
 FUTURE_MARGIN_S = 86_400
 """How far past this machine's clock a sample may be dated (clocks of nodes and laptops
@@ -190,6 +190,15 @@ class PrometheusImportStats:
     pods)`, `Hostname`, `instance`) -> how many GPUs."""
     util_sources: Mapping[str, int] = field(default_factory=dict)
     """The metric each GPU's utilisation came from -> how many GPUs."""
+    pod_signals: int = 0
+    """cAdvisor signal rows stored (one per pod and grid time, SPEC §10)."""
+    card_signals: int = 0
+    """PCIe/NVLink traffic rows stored (one per card and grid time)."""
+    signals_unmatched: int = 0
+    """Signal rows of a pod or card the store does not hold at that time (skipped)."""
+    signals_bad: Mapping[str, int] = field(default_factory=dict)
+    """Metric or signal -> points skipped as bad input (not a number, infinite, negative,
+    or past its bound)."""
 
 
 def import_prometheus(
@@ -220,13 +229,16 @@ def import_prometheus(
         NODE_LABELS,
         NodeResolver,
         PrometheusClient,
+        SignalStats,
         chunks,
+        pod_selector,
         points_per_query,
         read_chunk,
     )
     from auditor.model import GpuRecord
     from auditor.store.sample_sink import resolve_holdings
     from auditor.store.schema import gpus
+    from auditor.store.signals import pods_in_window
     from auditor.store.writes import insert_samples, upsert_assignments, upsert_gpus
 
     started = time.perf_counter()
@@ -255,9 +267,14 @@ def import_prometheus(
     samples = offered = unresolved = 0
     pairs: set[tuple[str, int]] = set()
     node_of: dict[str, str] = {}  # GPU UUID -> where its node came from, first chunk's
+    signal_stats = SignalStats()
+    written = [0, 0, 0]  # pod rows, card rows, unmatched rows
     with engine.begin() as conn:
         stored = {str(u): str(n) for u, n in conn.execute(select(gpus.c.uuid, gpus.c.node))}
         resolver = NodeResolver(labels, given=given, stored=stored)
+        card_ids = {str(u): int(i) for u, i in conn.execute(select(gpus.c.uuid, gpus.c.id))}
+        tenures = pods_in_window(conn, start_ms=start_ms - step_ms, end_ms=end_ms + step_ms)
+        selector = pod_selector(tenures) if tenures else None
         for done, (first_ms, last_ms) in enumerate(parts, 1):
             chunk = read_chunk(
                 client, first_ms=first_ms, last_ms=last_ms, step_ms=step_ms, resolver=resolver
@@ -275,6 +292,17 @@ def import_prometheus(
             upsert_assignments(conn, seen, source="dcgm-exporter")
             pairs.update((uid, gpu_id) for uid, gpu_id, _ in seen)
             unresolved += len(left)
+            card_ids.update(ids)
+            _import_signals(
+                conn,
+                client,
+                span=(first_ms, last_ms, step_ms),
+                selector=selector,
+                tenures=tenures,
+                card_ids=card_ids,
+                stats=signal_stats,
+                written=written,
+            )
             if progress is not None:
                 progress(done, len(parts))
         if offered == 0:
@@ -291,7 +319,83 @@ def import_prometheus(
         already=offered - samples,
         node_sources=_counts(node_of.values()),
         util_sources=_counts(g.util_source for g in known.values() if g.util_source),
+        pod_signals=written[0],
+        card_signals=written[1],
+        signals_unmatched=written[2],
+        signals_bad=dict(sorted(signal_stats.bad.items())),
     )
+
+
+def _import_signals(
+    conn: Connection,
+    client: PrometheusClient,
+    *,
+    span: tuple[int, int, int],
+    selector: str | None,
+    tenures: Mapping[tuple[str, str], Sequence[tuple[str, int | None, int | None]]],
+    card_ids: Mapping[str, int],
+    stats: SignalStats,
+    written: list[int],
+) -> None:
+    """SPEC §10's signals of one chunk (`span`: first, last, step ms) into the store:
+    cAdvisor's per pod (the pods `selector` names; matched to the stored pod of that name
+    that held the time), dcgm-exporter's PCIe/NVLink traffic per card (by UUID)."""
+    from auditor.collect.prometheus import read_cadvisor_chunk, read_dcgm_traffic_chunk
+    from auditor.store.signals import write_card_signals, write_pod_signals
+
+    first_ms, last_ms, step_ms = span
+    if selector is not None:
+        pod_rows: list[dict[str, Any]] = []
+        for r in read_cadvisor_chunk(
+            client,
+            first_ms=first_ms,
+            last_ms=last_ms,
+            step_ms=step_ms,
+            selector=selector,
+            stats=stats,
+        ):
+            uid = pod_at(tenures.get((r.namespace, r.pod), ()), r.ts_ms, slack_ms=step_ms)
+            if uid is None:
+                written[2] += 1
+                continue
+            pod_rows.append(
+                {"pod_uid": uid, "source": "cadvisor", "ts_ms": r.ts_ms,
+                 "cpu_limit_ratio": r.cpu_limit_ratio, "throttled_ratio": r.throttled_ratio,
+                 "cpu_pressure": r.cpu_pressure, "io_pressure": r.io_pressure,
+                 "net_bytes_s": r.net_bytes_s}
+            )  # fmt: skip
+        written[0] += write_pod_signals(conn, pod_rows)
+    card_rows: list[dict[str, Any]] = []
+    for c in read_dcgm_traffic_chunk(
+        client, first_ms=first_ms, last_ms=last_ms, step_ms=step_ms, stats=stats
+    ):
+        gpu_id = card_ids.get(c.uuid)
+        if gpu_id is None:
+            written[2] += 1
+            continue
+        card_rows.append(
+            {"gpu_id": gpu_id, "ts_ms": c.ts_ms, "pcie_bytes_s": c.pcie_bytes_s,
+             "nvlink_bytes_s": c.nvlink_bytes_s}
+        )  # fmt: skip
+    written[1] += write_card_signals(conn, card_rows)
+
+
+def pod_at(
+    tenures: Sequence[tuple[str, int | None, int | None]], ms: int, *, slack_ms: int
+) -> str | None:
+    """The pod of that name that existed at `ms` (the latest bound where tenures overlap);
+    else one that existed within `slack_ms` (a grid step) of it. None where no pod of that
+    name existed then: a name reused later maps to its own pod, never to one long gone."""
+    for slack in (0, slack_ms):
+        best: tuple[int, str] | None = None
+        for uid, bound, end in tenures:
+            if bound is None or bound > ms + slack or (end is not None and ms >= end + slack):
+                continue
+            if best is None or bound > best[0]:
+                best = (bound, uid)
+        if best is not None:
+            return best[1]
+    return None
 
 
 def parse_node_options(values: Sequence[str]) -> dict[str, str]:

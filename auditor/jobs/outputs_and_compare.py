@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +31,12 @@ class OutputsImportStats:
     """Rows or series naming pods or jobs not in the database (skipped)."""
     resets: int
     seconds: float
+    queue_rows: int = 0
+    """Serving queue rows stored (requests running and waiting per pod and grid time)."""
+    queue_unresolved: int = 0
+    """Queue readings of pods not in the database (skipped)."""
+    queue_bad: Mapping[str, int] = field(default_factory=dict)
+    """Metric -> queue readings skipped as bad input."""
 
 
 Holder = tuple[str, int | None, int | None]
@@ -136,9 +142,12 @@ def import_outputs_prometheus(
     from auditor.collect.useful_output import (
         DEFAULT_COUNTERS,
         DEFAULT_LATENCY,
+        QueueStats,
         ReadStats,
         read_counters,
+        read_serving_queues,
     )
+    from auditor.store.signals import write_pod_signals
     from auditor.store.work_done import pods_by_name, write_latency, write_outputs
 
     started = time.perf_counter()
@@ -169,10 +178,13 @@ def import_outputs_prometheus(
         if hist_name
         else []
     )
+    queue_stats = QueueStats()
+    queues = read_serving_queues(client, window=window, step_s=step_s, stats=queue_stats)
     engine = open_store(url)
-    unresolved = 0
+    unresolved = queue_unresolved = 0
     with engine.begin() as conn:
-        named = pods_by_name(conn, [(i.namespace, i.pod) for i in [*counters, *buckets]])
+        names = [(i.namespace, i.pod) for i in [*counters, *buckets]]
+        named = pods_by_name(conn, names + [(q.namespace, q.pod) for q in queues])
         out: dict[tuple[str, str, int], dict[str, Any]] = {}
         lat: dict[tuple[str, str, int, float], dict[str, Any]] = {}
         for inc in counters:
@@ -214,15 +226,29 @@ def import_outputs_prometheus(
                 },
             )
             lrow["count"] += inc.value
+        queue_rows: list[dict[str, Any]] = []
+        for q in queues:
+            uid = _holder_at(named.get((q.namespace, q.pod), []), q.ts_ms)
+            if uid is None:
+                queue_unresolved += 1
+                continue
+            queue_rows.append(
+                {"pod_uid": uid, "source": "serving", "ts_ms": q.ts_ms,
+                 "requests_running": q.running, "requests_waiting": q.waiting}
+            )  # fmt: skip
         n = write_outputs(conn, list(out.values()))
         m = write_latency(conn, list(lat.values()))
+        q_rows = write_pod_signals(conn, queue_rows)
     return OutputsImportStats(
         rows=n,
         latency_rows=m,
-        pods=len({k[0] for k in out} | {k[0] for k in lat}),
+        pods=len({k[0] for k in out} | {k[0] for k in lat} | {r["pod_uid"] for r in queue_rows}),
         unresolved=unresolved,
         resets=stats.resets,
         seconds=time.perf_counter() - started,
+        queue_rows=q_rows,
+        queue_unresolved=queue_unresolved,
+        queue_bad=dict(sorted(queue_stats.bad.items())),
     )
 
 

@@ -16,7 +16,14 @@ from sqlalchemy import Connection, and_, delete, insert, or_, select
 
 from auditor.classify.causes import CARD_SIGNALS, POD_SIGNALS
 from auditor.model import Window
-from auditor.store.schema import audit_causes, card_signals, gpus, node_outages, pod_signals
+from auditor.store.schema import (
+    audit_causes,
+    card_signals,
+    gpus,
+    node_outages,
+    pod_signals,
+    pods,
+)
 
 SOURCES = ("cgroup", "cadvisor", "serving")
 """Where a pod's signal row came from: the sampler's cgroup reading, cAdvisor through
@@ -59,6 +66,33 @@ def write_card_signals(conn: Connection, rows: Sequence[Mapping[str, Any]]) -> i
     full = [{"gpu_id": int(r["gpu_id"]), "ts_ms": int(r["ts_ms"]),
              **{c: r.get(c) for c in CARD_SIGNALS}} for r in rows]  # fmt: skip
     return _replace(conn, card_signals, ("gpu_id", "ts_ms"), full)
+
+
+PodTenure = tuple[str, int | None, int | None]
+"""A stored pod's (uid, bound_ms, end_ms): end is finished or deleted, None while it runs."""
+
+
+def pods_in_window(
+    conn: Connection, *, start_ms: int, end_ms: int
+) -> dict[tuple[str, str], list[PodTenure]]:
+    """(namespace, name) -> the tenures of the stored pods of that name bound before
+    `end_ms` and not over before `start_ms` (a name reused over time has several)."""
+    stmt = select(
+        pods.c.namespace, pods.c.name, pods.c.uid, pods.c.bound_ms, pods.c.finished_ms,
+        pods.c.deleted_ms,
+    ).where(
+        pods.c.bound_ms.is_not(None),
+        pods.c.bound_ms < end_ms,
+        or_(pods.c.finished_ms.is_(None), pods.c.finished_ms > start_ms),
+        or_(pods.c.deleted_ms.is_(None), pods.c.deleted_ms > start_ms),
+    )  # fmt: skip
+    out: dict[tuple[str, str], list[PodTenure]] = {}
+    for ns, name, uid, bound, finished, deleted in conn.execute(stmt):
+        ends = [int(t) for t in (finished, deleted) if t is not None]
+        out.setdefault((str(ns), str(name)), []).append(
+            (str(uid), None if bound is None else int(bound), min(ends) if ends else None)
+        )
+    return out
 
 
 def write_node_outages(conn: Connection, rows: Sequence[Mapping[str, Any]]) -> int:

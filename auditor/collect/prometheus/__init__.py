@@ -20,7 +20,8 @@ that is never logged; the URL requested and printed has no userinfo.
 This package's entry is `read_chunk` (here); the parts are its modules: `query_plan` (the
 chunks of a window, the limits of a query), `auth` and `client` (credentials, HTTP),
 `decode` (answers into samples, values checked), `node_resolver` (which node a series
-names). Callers import every name from `auditor.collect.prometheus`.
+names), `signals` (SPEC §10's cAdvisor and PCIe/NVLink signals, bad points counted and
+skipped). Callers import every name from `auditor.collect.prometheus`.
 """
 
 from __future__ import annotations
@@ -65,6 +66,15 @@ from auditor.collect.prometheus.query_plan import (
     chunks,
     points_per_query,
 )
+from auditor.collect.prometheus.signals import (
+    CardSignalRow,
+    PodSignalRow,
+    SignalStats,
+    pod_selector,
+    rate_window_ms,
+    read_cadvisor_chunk,
+    read_dcgm_traffic_chunk,
+)
 from auditor.errors import InputError
 from auditor.model import GpuRecord, GpuSample, Holding
 
@@ -83,15 +93,22 @@ __all__ = [
     "POINT_BUDGET",
     "TOKEN_ENV",
     "Auth",
+    "CardSignalRow",
     "ChunkResult",
     "NodeResolver",
+    "PodSignalRow",
     "PrometheusClient",
     "Series",
+    "SignalStats",
     "chunks",
     "credentials",
     "describe_sources",
+    "pod_selector",
     "points_per_query",
+    "rate_window_ms",
+    "read_cadvisor_chunk",
     "read_chunk",
+    "read_dcgm_traffic_chunk",
     "spans",
     "split_userinfo",
 ]
