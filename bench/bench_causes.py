@@ -162,7 +162,8 @@ def main() -> None:
             c = statistics.median(before)
             print(f"  audit before causes: median {c:.2f} s  {[round(x, 2) for x in before]}")
             print(
-                f"  without signals / before: {a / c:.3f}x; with every signal / before: {b / c:.3f}x"
+                f"  without signals / before: {a / c:.3f}x;"
+                f" with every signal / before: {b / c:.3f}x"
             )
 
 
