@@ -120,29 +120,43 @@ def read_pod_signals(
     return frame.astype({c: np.float64 for c in POD_SIGNALS} | {"ts_ms": np.int64})
 
 
+_CARD_SIGNAL_ROW = np.dtype([("ts_ms", np.int64), *((c, np.float64) for c in CARD_SIGNALS)])
+
+
 def read_card_signals(
     conn: Connection, *, window: Window, margin_ms: int, gpu_ids: Sequence[int] | None = None
 ) -> pd.DataFrame:
-    """The card signal rows in `[start - margin, end + margin)` (of `gpu_ids` only, when given): gpu
-    (the UUID), ts_ms, `CARD_SIGNALS`."""
-    base = (
-        select(gpus.c.uuid, card_signals.c.ts_ms, *(card_signals.c[c] for c in CARD_SIGNALS))
-        .join(gpus, gpus.c.id == card_signals.c.gpu_id)
-        .where(
-            card_signals.c.ts_ms >= window.start_ms - margin_ms,
-            card_signals.c.ts_ms < window.end_ms + margin_ms,
-        )
+    """The card signal rows in `[start - margin, end + margin)` (of `gpu_ids` only, when
+    given): gpu (the UUID), ts_ms, `CARD_SIGNALS` (NaN where not recorded).
+
+    Read as the audit reads samples (`reads.read_card_samples`): one key-range scan per card
+    through the driver, each card's rows turned into an array in one pass; a row per card
+    and pass adds up to most of the signals an audit reads."""
+    wanted = select(gpus.c.id, gpus.c.uuid)
+    if gpu_ids is not None:
+        wanted = wanted.where(gpus.c.id.in_(sorted({int(i) for i in gpu_ids})))
+    uuid_of = {int(i): str(u) for i, u in conn.execute(wanted)}
+    mark = "%s" if conn.dialect.name == "postgresql" else "?"
+    query = (
+        f"SELECT ts_ms, {', '.join(CARD_SIGNALS)} FROM card_signals"
+        f" WHERE gpu_id = {mark} AND ts_ms >= {mark} AND ts_ms < {mark}"
     )
-    if gpu_ids is None:
-        found = [tuple(r) for r in conn.execute(base)]
-    else:
-        ids = sorted({int(i) for i in gpu_ids})
-        found = []
-        for i in range(0, len(ids), _CHUNK):
-            stmt = base.where(card_signals.c.gpu_id.in_(ids[i : i + _CHUNK]))
-            found += [tuple(r) for r in conn.execute(stmt)]
-    frame = pd.DataFrame(found, columns=["gpu", "ts_ms", *CARD_SIGNALS])
-    return frame.astype({c: np.float64 for c in CARD_SIGNALS} | {"ts_ms": np.int64})
+    lo, hi = window.start_ms - margin_ms, window.end_ms + margin_ms
+    parts: list[np.ndarray] = []
+    names: list[str] = []
+    cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+    try:
+        for gpu_id in sorted(uuid_of):
+            cur.execute(query, (gpu_id, lo, hi))
+            found = cur.fetchall()
+            if found:
+                parts.append(np.fromiter(found, dtype=_CARD_SIGNAL_ROW, count=len(found)))
+                names.append(uuid_of[gpu_id])
+    finally:
+        cur.close()
+    rows = np.concatenate(parts) if parts else np.zeros(0, dtype=_CARD_SIGNAL_ROW)
+    gpu = np.repeat(np.array(names, dtype=object), [p.size for p in parts])
+    return pd.DataFrame({"gpu": gpu, "ts_ms": rows["ts_ms"], **{c: rows[c] for c in CARD_SIGNALS}})
 
 
 def read_node_outages(conn: Connection, *, window: Window) -> pd.DataFrame:
