@@ -112,8 +112,9 @@ def demand_of(spans: pd.DataFrame) -> pd.DataFrame:
 
 def gang_half_starts(pods: pd.DataFrame, *, min_gap_ms: int = 0) -> pd.DataFrame:
     """Per gang of several pods bound more than `min_gap_ms` apart (module docstring):
-    `HALF_START_COLUMNS`. `pods` holds uid, gang, job, bound_ms, finished_ms, deleted_ms,
-    gpu_count, gpu_share (the store's pods frame)."""
+    `HALF_START_COLUMNS`; `pods` counts the gang's pods still holding when its last was
+    bound, `early_pods` those of them bound before it. `pods` holds uid, gang, job,
+    bound_ms, finished_ms, deleted_ms, gpu_count, gpu_share (the store's pods frame)."""
     columns = {c: pd.Series(dtype=object) for c in HALF_START_COLUMNS}
     empty = pd.DataFrame(columns).astype(
         {"pods": np.int64, "early_pods": np.int64, "first_bound_ms": np.int64,
@@ -138,16 +139,15 @@ def gang_half_starts(pods: pd.DataFrame, *, min_gap_ms: int = 0) -> pd.DataFrame
     )
     frame = frame[frame["bound"].notna() & frame["gang"].notna() & (frame["gang"] != frame["uid"])]
     rows = []
-    for gang, members in frame.groupby("gang", sort=True):
-        if len(members) < 2:
+    for gang, group in frame.groupby("gang", sort=True):
+        if len(group) < 2:
             continue
-        last = float(members["bound"].max())
+        last = float(group["bound"].max())
+        members = group[~(group["end"] <= last)]  # ended before: an earlier attempt
         first = float(members["bound"].min())
-        if last - first <= min_gap_ms:
+        if len(members) < 2 or last - first <= min_gap_ms:
             continue
-        early = members[(members["bound"] < last) & ~(members["end"] <= last)]
-        if early.empty:
-            continue
+        early = members[members["bound"] < last]
         held = ((last - early["bound"]) * early["cards"]).sum() / 1000.0
         rows.append(
             {

@@ -85,6 +85,7 @@ def node_row(node: Mapping[str, Any], *, at_ms: int, exact: bool = True) -> dict
             status=status,
             short=allocatable < capacity,
             seen_ms=at_ms if exact else carried_time(status, not_after=at_ms),
+            not_after=at_ms,
         ),
     }
 
@@ -96,6 +97,7 @@ def node_state(
     status: Mapping[str, Any],
     short: bool,
     seen_ms: int,
+    not_after: int | None = None,
 ) -> NodeState:
     """The outages one observation shows (SPEC §10 `unavailable`), each with its start:
 
@@ -106,7 +108,10 @@ def node_state(
     - `short` (fewer GPUs allocatable than in capacity: the device plugin lost cards): from
       `seen_ms`, the object carries no time for it.
 
-    A start is never after `seen_ms`. Times that cannot be read count as absent."""
+    `not_after` is the latest the observation can have been made (default `seen_ms`; a
+    kubectl file's time, where `seen_ms` is only what the object carries): no time the
+    object states is taken to be later. Times that cannot be read count as absent."""
+    latest = seen_ms if not_after is None else max(not_after, seen_ms)
     outages: dict[str, int] = {}
     if is_unschedulable(spec):
         added = next(
@@ -117,7 +122,7 @@ def node_state(
             ),
             None,
         )
-        outages["cordoned"] = min(added if added is not None else seen_ms, seen_ms)
+        outages["cordoned"] = seen_ms if added is None else min(added, latest)
     ready = next(
         (
             c
@@ -129,9 +134,9 @@ def node_state(
     since = _time(ready.get("lastTransitionTime")) if ready is not None else None
     ready_since: int | None = None
     if ready is not None and ready.get("status") != "True":
-        outages["not_ready"] = min(since if since is not None else seen_ms, seen_ms)
+        outages["not_ready"] = seen_ms if since is None else min(since, latest)
     elif ready is not None and since is not None:
-        ready_since = min(since, seen_ms)
+        ready_since = min(since, latest)
     if short:
         outages["short"] = seen_ms
     return NodeState(name, seen_ms, outages, ready_since)
