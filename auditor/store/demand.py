@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from sqlalchemy import Connection, or_, select
+from sqlalchemy import Connection, func, or_, select
 
 from auditor.classify.queue import WAIT_COLUMNS, clip, demand_of, wait_spans
 from auditor.model import Window
@@ -37,10 +37,14 @@ _READ = (
 def _waits(conn: Connection, window: Window) -> pd.DataFrame:
     """The waits of pods seen waiting that may overlap `window`, clipped to it."""
     start = pods.c.created_ms
+    # an upper bound of each wait's end (`wait_spans` takes the exact one): the bind, else
+    # the deletion, else the end of its containers, else when it was last seen waiting
+    ends_by = func.coalesce(pods.c.bound_ms, pods.c.deleted_ms, pods.c.finished_ms,
+                            pods.c.wait_seen_ms)  # fmt: skip
     stmt = select(*(pods.c[c] for c in _READ)).where(
         pods.c.wait_reason.is_not(None),
         or_(start.is_(None), start < window.end_ms),
-        or_(pods.c.bound_ms.is_(None), pods.c.bound_ms > window.start_ms),
+        ends_by > window.start_ms,
     )
     frame = pd.DataFrame([tuple(r) for r in conn.execute(stmt)], columns=list(_READ))
     spans = wait_spans(frame)
