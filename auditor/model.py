@@ -239,12 +239,39 @@ class PodRecord:
     gpu_share: float | None = None
     gpu_mem_mib: float | None = None
     gpu_mem_share: float | None = None
+    wait_reason: str | None = None
+    """Why the pod waited to be scheduled, as last seen (`Unschedulable`, `SchedulingGated`,
+    `PodGroup`: `auditor.collect.pod_waits`); None where it was never seen waiting."""
+    wait_message: str | None = None
+    """The scheduler's (or the queue's) last word on it, bounded."""
+    wanted_model: str | None = None
+    """The GPU model its node selector or affinity asks for; None: any card."""
+    wait_seen_ms: int | None = None
+    """The latest time it was seen still waiting: where a wait that no later observation
+    ended (bound, finished, deleted) is taken to end."""
 
     @property
     def released_ms(self) -> int | None:
         """When the pod stopped holding its GPUs: containers terminated or deleted, first."""
         ends = [t for t in (self.finished_ms, self.deleted_ms) if t is not None]
         return min(ends) if ends else None
+
+
+OUTAGE_REASONS = ("cordoned", "not_ready", "short")
+"""Why a node's free cards could not be given (SPEC §10 `unavailable`): cordoned
+(`spec.unschedulable`), its `Ready` condition not True, fewer cards allocatable than it has."""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeState:
+    """One observation of a node, as the outages it shows: `outages` maps each reason of
+    `OUTAGE_REASONS` that holds at `seen_ms` to when it began; `ready_since_ms` is when its
+    `Ready` condition last turned True, while it is Ready (the end of a not-Ready stretch)."""
+
+    node: str
+    seen_ms: int
+    outages: Mapping[str, int] = field(default_factory=dict)
+    ready_since_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

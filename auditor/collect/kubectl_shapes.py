@@ -183,8 +183,8 @@ def to_record(
 ) -> KubectlRecord | None:
     """The record of one Pod or Node object; `PodFieldError` for a field it cannot read."""
     if kind == "Node":
-        return node_row(obj, at_ms=node_ms)
-    return pod_record(obj, teams=teams, deleted=deleted, sharing=sharing)
+        return node_row(obj, at_ms=node_ms, exact=False)
+    return pod_record(obj, teams=teams, deleted=deleted, sharing=sharing, seen_ms=node_ms)
 
 
 def objects(tokens: Tokens[W]) -> Iterator[Found[W]]:

@@ -12,6 +12,10 @@ the shared units turned back into cards (`nvidia.com/gpu` or `nvidia.com/gpu.sha
 `nvidia.com/gpu` and every `nvidia.com/mig-*` resource, as before. A node is unschedulable
 when cordoned (`spec.unschedulable`) or tainted `node.kubernetes.io/unschedulable`.
 
+Each observation also says which outages of SPEC §10 it shows (`node_state`): cordoned,
+not Ready, or short of allocatable cards, each with when it began; the store turns the
+observations into stretches (`auditor.store.outages`).
+
 The node's labels are kept whole (string values only), so the sharing labels of SPEC §7
 (`nvidia.com/gpu.replicas`, `nvidia.com/gpu.sharing-strategy`, `nvidia.com/mig.config`)
 are stored with it; `SHARING_LABELS` names them. Text is fitted to the `nodes` columns
@@ -25,8 +29,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from auditor import limits
+from auditor.collect.pod_times import parse_time
 from auditor.collect.shares import HAMI_VGPU, MIG_PREFIX, MILLI, WHOLE_RESOURCES
 from auditor.errors import PodFieldError
+from auditor.model import NodeState
 
 GPU_MODEL_LABELS = (
     "nvidia.com/gpu.product",
@@ -46,8 +52,10 @@ SHARING_LABELS = (
 """The NVIDIA device plugin's and MIG manager's labels saying how a node's cards are shared."""
 
 
-def node_row(node: Mapping[str, Any], *, at_ms: int) -> dict[str, Any]:
-    """The `nodes` row of one observation of `node`, seen at `at_ms`."""
+def node_row(node: Mapping[str, Any], *, at_ms: int, exact: bool = True) -> dict[str, Any]:
+    """The `nodes` row of one observation of `node`, seen at `at_ms`, with the outages it
+    shows under `state` (a `NodeState`, `node_state`; not a column). `exact`: `at_ms` is when
+    the object was seen (the watcher); else it is only a bound (a kubectl file's time)."""
     meta = _obj(node, "metadata")
     spec = _obj(node, "spec")
     status = _obj(node, "status")
@@ -60,16 +68,104 @@ def node_row(node: Mapping[str, Any], *, at_ms: int) -> dict[str, Any]:
     annotations = {k: v for k, v in _obj(meta, "annotations").items() if isinstance(v, str)}
     rv = meta.get("resourceVersion")
     model = gpu_model(labels)
+    capacity = gpu_count(_obj(status, "capacity"), labels, annotations)
+    allocatable = gpu_count(_obj(status, "allocatable"), labels, annotations)
     return {
         "name": name,
         "gpu_model": None if model is None else limits.fit_text(model, limits.GPU_MODEL_MAX),
-        "gpu_capacity": gpu_count(_obj(status, "capacity"), labels, annotations),
-        "gpu_allocatable": gpu_count(_obj(status, "allocatable"), labels, annotations),
+        "gpu_capacity": capacity,
+        "gpu_allocatable": allocatable,
         "unschedulable": is_unschedulable(spec),
         "labels": labels,
         "resource_version": rv if isinstance(rv, str) and len(rv) <= limits.VERSION_MAX else None,
         "updated_ms": at_ms,
+        "state": node_state(
+            name,
+            spec=spec,
+            status=status,
+            short=allocatable < capacity,
+            seen_ms=at_ms if exact else carried_time(status, not_after=at_ms),
+            not_after=at_ms,
+        ),
     }
+
+
+def node_state(
+    name: str,
+    *,
+    spec: Mapping[str, Any],
+    status: Mapping[str, Any],
+    short: bool,
+    seen_ms: int,
+    not_after: int | None = None,
+) -> NodeState:
+    """The outages one observation shows (SPEC §10 `unavailable`), each with its start:
+
+    - `cordoned` (`spec.unschedulable`, or the `node.kubernetes.io/unschedulable` taint): from
+      the taint's `timeAdded`, else from `seen_ms`;
+    - `not_ready` (the `Ready` condition False or Unknown): from its `lastTransitionTime`,
+      else `seen_ms` (a node without a `Ready` condition says nothing, and is not counted);
+    - `short` (fewer GPUs allocatable than in capacity: the device plugin lost cards): from
+      `seen_ms`, the object carries no time for it.
+
+    `not_after` is the latest the observation can have been made (default `seen_ms`; a
+    kubectl file's time, where `seen_ms` is only what the object carries): no time the
+    object states is taken to be later. Times that cannot be read count as absent."""
+    latest = seen_ms if not_after is None else max(not_after, seen_ms)
+    outages: dict[str, int] = {}
+    if is_unschedulable(spec):
+        added = next(
+            (
+                _time(t.get("timeAdded"))
+                for t in _list(spec.get("taints"))
+                if isinstance(t, Mapping) and t.get("key") == UNSCHEDULABLE_TAINT
+            ),
+            None,
+        )
+        outages["cordoned"] = seen_ms if added is None else min(added, latest)
+    ready = next(
+        (
+            c
+            for c in _list(status.get("conditions"))
+            if isinstance(c, Mapping) and c.get("type") == "Ready"
+        ),
+        None,
+    )
+    since = _time(ready.get("lastTransitionTime")) if ready is not None else None
+    ready_since: int | None = None
+    if ready is not None and ready.get("status") != "True":
+        outages["not_ready"] = seen_ms if since is None else min(since, latest)
+    elif ready is not None and since is not None:
+        ready_since = min(since, latest)
+    if short:
+        outages["short"] = seen_ms
+    return NodeState(name, seen_ms, outages, ready_since)
+
+
+def carried_time(status: Mapping[str, Any], *, not_after: int) -> int:
+    """When an observation in a kubectl file was made, as near as the object says: its
+    conditions' latest `lastHeartbeatTime` (the kubelet posts one at least every five
+    minutes, so a node in a watch stream is dated by it), not after the file's time
+    `not_after`; the file's time where no condition carries one."""
+    beats = [
+        t
+        for c in _list(status.get("conditions"))
+        if isinstance(c, Mapping)
+        for t in (_time(c.get("lastHeartbeatTime")),)
+        if t is not None
+    ]
+    return min(max(beats), not_after) if beats else not_after
+
+
+def _time(value: object) -> int | None:
+    try:
+        return parse_time(value, field="time")
+    except PodFieldError:
+        return None
+
+
+def _list(value: object) -> list[Any]:
+    return value if isinstance(value, list) else []
 
 
 def gpu_model(labels: Mapping[str, str]) -> str | None:

@@ -11,6 +11,7 @@ belongs to), all reading the pod through the accessors of `pod_fields`.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from auditor import limits
@@ -19,6 +20,7 @@ from auditor.collect.gpu_requests import pod_gpu_ask
 from auditor.collect.owners import PodView, controller_owner, env_rank, team_of, workload_of
 from auditor.collect.pod_fields import mapping_at, optional_str, required_str, str_map
 from auditor.collect.pod_times import pod_times
+from auditor.collect.pod_waits import pod_wait
 from auditor.errors import PodFieldError
 from auditor.model import PodRecord
 from auditor.settings import Sharing, TeamRules
@@ -35,6 +37,7 @@ def pod_record(
     deleted: bool = False,
     adjusted: list[str] | None = None,
     sharing: Sharing | None = None,
+    seen_ms: int | None = None,
 ) -> PodRecord | None:
     """The record of one observation of `pod`, or None when the pod holds no GPU (a Run:ai
     reservation pod is kept, holding none: SPEC §7). `sharing`: the config's extra names.
@@ -46,6 +49,10 @@ def pod_record(
     count out of range). Derived text that can be fitted is (`auditor.limits.fit_text`): a
     team taken from a 300-character annotation is cut, with a digest, rather than losing the
     pod's GPU-hours; the names of fields so fitted are appended to `adjusted` when given.
+
+    `seen_ms` is when this observation was made (a kubectl file's capture time, the
+    watcher's clock): a pod still waiting to be scheduled (`auditor.collect.pod_waits`) is
+    known to wait until then (`wait_seen_ms`).
     """
     if not isinstance(pod, Mapping):
         raise PodFieldError("a pod must be a JSON object", field="(pod)")
@@ -74,6 +81,9 @@ def pod_record(
     if node and (len(node) > limits.NAME_MAX or not limits.is_clean(node)):
         raise PodFieldError("not a node name", field="spec.nodeName", value=node)
     times = pod_times(meta=meta, spec=spec, status=status, deleted=deleted, event_ms=event_ms)
+    wait = pod_wait(spec=spec, status=status, labels=labels, annotations=annotations)
+    if wait.reason is not None and times.bound_ms is not None:
+        wait = replace(wait, reason=None, message=None)  # bound: it waits no more
     view = PodView(
         uid=uid,
         name=name,
@@ -131,4 +141,8 @@ def pod_record(
         gpu_share=ask.share,
         gpu_mem_mib=ask.mem_mib,
         gpu_mem_share=ask.mem_share,
+        wait_reason=wait.reason,
+        wait_message=wait.message,
+        wanted_model=wait.wanted_model,
+        wait_seen_ms=seen_ms if wait.reason is not None else None,
     )

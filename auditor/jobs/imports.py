@@ -144,10 +144,13 @@ def import_pods(
 ) -> PodImportStats:
     """Import one kubectl file (JSON or YAML: pod and node lists, pods, nodes, watch
     streams) in one transaction: all of it, or nothing on bad input. Nodes are stamped with
-    the file's modification time (`auditor.collect.kubectl_files`)."""
+    the file's modification time (`auditor.collect.kubectl_files`), and so are the pods
+    still waiting to be scheduled in it (their wait is known to last until then); the
+    outages the nodes show become stretches (`auditor.store.outages`)."""
     from auditor.collect.kubectl_files import read_kubectl
     from auditor.collect.shares import hami_assignments
     from auditor.model import PodRecord
+    from auditor.store.outages import record_node_states
     from auditor.store.writes import upsert_exact_assignments, upsert_nodes, upsert_pods
 
     started = time.perf_counter()
@@ -164,6 +167,7 @@ def import_pods(
             try:
                 upsert_pods(conn, pods)
                 upsert_nodes(conn, node_rows)
+                record_node_states(conn, [r["state"] for r in node_rows if "state" in r])
                 upsert_exact_assignments(conn, hami_assignments(pods), source="hami")
             except InputError as e:  # a row no column holds: name the file it came from
                 if e.file is not None:

@@ -4,7 +4,10 @@
 the same `pod_record` the kubectl importer uses, so times come from the pods' own status
 timestamps and a replay writes identical rows. A relist upserts every listed pod and closes
 the tenure of every open pod in the watcher's scope that the list no longer shows: deleted
-at the relist time, marked estimated. `NodeSink` keeps each node's latest view.
+at the relist time, marked estimated. A pod waiting to be scheduled is seen waiting at each
+event or list that shows it, and at most a minute apart while the watch runs
+(`WAIT_REFRESH_MS`). `NodeSink` keeps each node's latest view, and the stretches in which
+it was cordoned, not Ready or short of cards (`auditor.store.outages`).
 
 Each sink stores its watch cursor in the transaction of the writes it covers. Database
 failures leave as `StoreError`, which the loop backs off from.
@@ -46,6 +49,9 @@ T = TypeVar("T")
 R = TypeVar("R")
 Describe = Callable[[T], str]
 
+WAIT_REFRESH_MS = 60_000
+"""How often a watched batch also marks the pods still waiting to be scheduled as seen then
+(a wait with no event lasts, and the watch is the proof): at most once a minute."""
 CHANGES = frozenset({"ADDED", "MODIFIED", "DELETED"})
 """Event types that carry an object; any other (BOOKMARK, a future one) moves the cursor only."""
 
@@ -171,6 +177,8 @@ class PodSink(_StoreSink):
         self.teams = teams
         self.in_scope = in_scope
         self.sharing = sharing
+        self._waits_seen_ms = 0
+        """When the waiting pods were last marked seen (`touch_waiting_pods`)."""
 
     def _record(self, obj: Mapping[str, Any], **kwargs: Any) -> PodRecord | None:
         """The pod's record, or None when it requests no GPU or is skipped (logged, counted)."""
@@ -199,7 +207,7 @@ class PodSink(_StoreSink):
     def replace(self, items: list[dict[str, Any]], *, resource_version: str, at_ms: int) -> int:
         from auditor.store.writes import close_missing_pods
 
-        records = [r for r in (self._record(i) for i in items) if r is not None]
+        records = [r for r in (self._record(i, seen_ms=at_ms) for i in items) if r is not None]
         # a listed pod that was skipped still exists: it must not be closed as gone
         listed = {r.uid for r in records} | {u for u in map(_uid, items) if u is not None}
         records, gone = self._commit(
@@ -212,6 +220,7 @@ class PodSink(_StoreSink):
                 conn, listed_uids=listed, at_ms=at_ms, in_scope=self.in_scope
             ),
         )
+        self._waits_seen_ms = at_ms
         if gone:
             log.info(
                 "closed %d pods gone while unwatched", len(gone), extra={"rv": resource_version}
@@ -228,18 +237,32 @@ class PodSink(_StoreSink):
             deleted = event.type == "DELETED"
             uid = _uid(event.obj)
             rec = self._record(
-                event.obj, deleted=deleted, event_ms=known.get(uid, at_ms) if deleted else None
+                event.obj,
+                deleted=deleted,
+                event_ms=known.get(uid, at_ms) if deleted else None,
+                seen_ms=at_ms,
             )
             if rec is not None:
                 records.append(rec)
+        refresh = at_ms - self._waits_seen_ms >= WAIT_REFRESH_MS
         records, _ = self._commit(
             records,
             _write_pods,
             _describe_record,
             resource_version=resource_version,
             at_ms=at_ms,
+            then=(lambda conn: self._still_waiting(conn, at_ms)) if refresh else None,
         )
+        if refresh:
+            self._waits_seen_ms = at_ms
         return len(records)
+
+    def _still_waiting(self, conn: Connection, at_ms: int) -> int:
+        """A pod the watch says nothing new of is as it was: one still waiting to be
+        scheduled is seen waiting at `at_ms` (its wait is known to last until then)."""
+        from auditor.store.writes import touch_waiting_pods
+
+        return touch_waiting_pods(conn, at_ms=at_ms, in_scope=self.in_scope)
 
     @staticmethod
     def _known_deletions(conn: Connection, events: list[Event]) -> dict[str | None, int]:
@@ -289,16 +312,23 @@ class NodeSink(_StoreSink):
         return rows
 
     def _write(self, rows: list[dict[str, Any]], resource_version: str, at_ms: int) -> int:
-        from auditor.store.writes import upsert_nodes
-
         rows, _ = self._commit(
             rows,
-            upsert_nodes,
+            _write_nodes,
             lambda r: f"node {shown(r.get('name'), 80)}",
             resource_version=resource_version,
             at_ms=at_ms,
         )
         return len(rows)
+
+
+def _write_nodes(conn: Connection, rows: list[dict[str, Any]]) -> None:
+    """Nodes' latest views, and the outages each observation shows (SPEC §10)."""
+    from auditor.store.outages import record_node_states
+    from auditor.store.writes import upsert_nodes
+
+    upsert_nodes(conn, rows)
+    record_node_states(conn, [r["state"] for r in rows if "state" in r])
 
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:

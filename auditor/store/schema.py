@@ -129,6 +129,7 @@ pods = Table(
     Column("wait_reason", String(limits.REASON_MAX), nullable=True),
     Column("wait_message", String(limits.MESSAGE_MAX), nullable=True),
     Column("wanted_model", String(limits.GPU_MODEL_MAX), nullable=True),
+    Column("wait_seen_ms", BigInteger, nullable=True),
     Index("ix_pods_node_bound", "node", "bound_ms"),
     Index("ix_pods_namespace_name", "namespace", "name"),
 )

@@ -11,7 +11,18 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from sqlalchemy import Connection, Table, delete, func, insert, select, update
+from sqlalchemy import (
+    BigInteger,
+    Connection,
+    Table,
+    case,
+    delete,
+    func,
+    insert,
+    literal,
+    select,
+    update,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 
 from auditor.errors import shown
@@ -216,11 +227,20 @@ def _merge_pod(old: PodRecord | None, new: PodRecord) -> PodRecord:
         finished_ms=pick("finished_ms"),
         deleted_ms=pick("deleted_ms"),
         rank=pick("rank"),
+        wait_reason=pick("wait_reason"),
+        wait_message=pick("wait_message") if new.wait_reason is not None else old.wait_message,
+        wanted_model=pick("wanted_model"),
+        wait_seen_ms=max(
+            (t for t in (old.wait_seen_ms, new.wait_seen_ms) if t is not None), default=None
+        ),
     )
 
 
 _EARLIEST_COLUMNS = ("created_ms", "bound_ms", "started_ms")
-_LATEST_FILLED_COLUMNS = ("finished_ms", "deleted_ms", "node", "rank")
+_LATEST_FILLED_COLUMNS = ("finished_ms", "deleted_ms", "node", "rank", "wanted_model")
+_WAIT_COLUMNS = ("wait_reason", "wait_message")
+"""Why a pod waited, as last seen: an observation that shows no wait (it is bound) keeps
+what an earlier one said; one that shows a wait replaces reason and message together."""
 
 
 def _least(conn: Connection, new: Any, old: Any) -> Any:
@@ -244,6 +264,9 @@ def upsert_pods(conn: Connection, records: Iterable[PodRecord]) -> int:
     stmt = _upsert(conn, pods)
     keep_old = {c: _least(conn, stmt.excluded[c], pods.c[c]) for c in _EARLIEST_COLUMNS}
     keep_old |= {c: func.coalesce(stmt.excluded[c], pods.c[c]) for c in _LATEST_FILLED_COLUMNS}
+    waiting = stmt.excluded.wait_reason.is_not(None)
+    keep_old |= {c: case((waiting, stmt.excluded[c]), else_=pods.c[c]) for c in _WAIT_COLUMNS}
+    keep_old["wait_seen_ms"] = _greatest(conn, stmt.excluded.wait_seen_ms, pods.c.wait_seen_ms)
     replace_cols = (
         "namespace",
         "name",
@@ -302,6 +325,10 @@ def pod_row(rec: PodRecord) -> dict[str, Any]:
         "gpu_share": rec.gpu_share,
         "gpu_mem_mib": rec.gpu_mem_mib,
         "gpu_mem_share": rec.gpu_mem_share,
+        "wait_reason": rec.wait_reason,
+        "wait_message": rec.wait_message,
+        "wanted_model": rec.wanted_model,
+        "wait_seen_ms": rec.wait_seen_ms,
     }
 
 
@@ -528,6 +555,32 @@ def close_missing_pods(
     return gone
 
 
+def touch_waiting_pods(
+    conn: Connection,
+    *,
+    at_ms: int,
+    in_scope: Callable[[str, Mapping[str, str]], bool] = lambda _ns, _labels: True,
+) -> int:
+    """Mark the pods still waiting to be scheduled (a wait reason, not bound, not ended) as
+    seen waiting at `at_ms`, where the watcher could see them (`in_scope`). Returns how many."""
+    rows = conn.execute(
+        select(pods.c.uid, pods.c.namespace, pods.c.labels).where(
+            pods.c.wait_reason.is_not(None),
+            pods.c.bound_ms.is_(None),
+            pods.c.finished_ms.is_(None),
+            pods.c.deleted_ms.is_(None),
+        )
+    )
+    uids = [uid for uid, namespace, labels in rows if in_scope(namespace, labels or {})]
+    for start in range(0, len(uids), 500):
+        conn.execute(
+            update(pods)
+            .where(pods.c.uid.in_(uids[start : start + 500]))
+            .values(wait_seen_ms=_greatest(conn, literal(at_ms, BigInteger), pods.c.wait_seen_ms))
+        )
+    return len(uids)
+
+
 def known_deletions(conn: Connection, uids: Collection[str]) -> dict[str, int]:
     """The deletion times stored for those of `uids` that have one."""
     if not uids:
@@ -541,7 +594,9 @@ def known_deletions(conn: Connection, uids: Collection[str]) -> dict[str, int]:
 
 
 def upsert_nodes(conn: Connection, records: Iterable[NodeRow]) -> int:
-    """Store the latest view of each node by name. Returns the number of distinct nodes."""
+    """Store the latest view of each node by name. Returns the number of distinct nodes.
+    Keys that are no column (a row's `state`, `auditor.collect.nodes.node_row`) are left
+    out: the outages it shows are `auditor.store.outages`' to record."""
     latest = {r["name"]: r for r in records}
     if not latest:
         return 0
@@ -550,7 +605,7 @@ def upsert_nodes(conn: Connection, records: Iterable[NodeRow]) -> int:
     stmt = stmt.on_conflict_do_update(
         index_elements=[nodes.c.name], set_={c: stmt.excluded[c] for c in columns}
     )
-    rows = [dict(r) for r in latest.values()]
+    rows = [{c.name: r[c.name] for c in nodes.c if c.name in r} for r in latest.values()]
     for row in rows:
         check_row(nodes, row, what=f"node {row['name']}")
     conn.execute(stmt, rows)
