@@ -340,6 +340,12 @@ def split_unallocated(
 CAUSE_COLUMNS = ["gpu", "pod_uid", "category", "cause", "seconds", "signalled_seconds"]
 
 
+def kind_key(model: object) -> str:
+    """A GPU model as both its spellings compare: NVML's `NVIDIA H100 80GB HBM3` and the
+    node label's `NVIDIA-H100-80GB-HBM3` (what a pod's node selector names) are one kind."""
+    return "-".join(str(model).lower().replace("_", " ").replace("-", " ").split())
+
+
 def multi_card_pods(tenures: pd.DataFrame) -> set[str]:
     """Pods whose gang holds more than one card (`communication` can only hold for these)."""
     if tenures.empty:
@@ -374,10 +380,14 @@ def split_causes(
         thresholds=thresholds,
     )
     uuid = cards["uuid"].astype(str)
+    if demand is not None and not demand.empty:
+        kinds = demand["kind"].astype(object)
+        keyed = [kind_key(k) if isinstance(k, str) else None for k in kinds]
+        demand = demand.assign(kind=pd.Series(keyed, index=demand.index, dtype=object))
     free = split_unallocated(
         pieces,
         card_node=dict(zip(uuid, cards["node"].astype(str), strict=True)),
-        card_kind=dict(zip(uuid, cards["model"].fillna("").astype(str), strict=True)),
+        card_kind={u: kind_key(m) for u, m in zip(uuid, cards["model"].fillna(""), strict=True)},
         unavailable=unavailable,
         demand=demand,
     )

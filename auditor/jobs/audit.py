@@ -144,6 +144,7 @@ def _audit(
     from auditor.classify.pipeline import classify
     from auditor.classify.rollup import rolled_up_seconds, with_rolled
     from auditor.store import reads
+    from auditor.store.demand import read_demand
     from auditor.store.placement import held_tenures
     from auditor.store.rollup import read_rolled_card_samples
     from auditor.store.signals import (
@@ -189,7 +190,7 @@ def _audit(
 
     with engine.connect() as conn:
         unavailable = read_node_outages(conn, window=audited)
-        demand = None  # TODO(h-sig-pods): read_demand
+        demand = read_demand(conn, window=audited)
     # a piece the window cuts is judged at its whole midpoint, up to a sample's coverage
     # outside the window: its signal may lie that far out, and up to `signal_stale_s` before
     margin = round(thresholds.signal_stale_s * 1000) + READ_MARGIN_MS

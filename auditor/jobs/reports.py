@@ -78,6 +78,7 @@ def _read_report(
 ) -> tuple[Report, pd.DataFrame]:
     """The Report of `build_report`, and the stored results it was made of (of `team` only,
     when given)."""
+    from auditor.classify.queue import gang_half_starts
     from auditor.report.causes import cause_totals, complete_causes
     from auditor.report.compare import outputs_by, outputs_in_window, sm_by, with_outputs
     from auditor.report.offenders import STRAGGLER_COLUMNS, stragglers, top_offenders
@@ -91,7 +92,9 @@ def _read_report(
         unjoined_cards,
         with_platform,
     )
+    from auditor.report.waits import job_waits, longest_waits, with_waits
     from auditor.store import reads
+    from auditor.store.demand import read_queue_waits
     from auditor.store.rollup import runs_rolled_up_seconds
     from auditor.store.signals import read_causes
     from auditor.store.work_done import read_outputs, read_sm
@@ -121,11 +124,19 @@ def _read_report(
         raise InputError(f"no team {team!r} in this window", field="--team")
     causes = read_causes(conn, run_ids)
     rows = summarise(results, by=by, team=team, causes=causes)
+    queue = job_waits(
+        read_queue_waits(conn, window=window),
+        gang_half_starts(_bound_in(reads.read_pods(conn), window)),
+        reads.read_pods(conn),
+    )
+    if team is not None:
+        queue = queue[queue["team"] == team]
     if by is GroupBy.JOB:
         slow = stragglers(findings)[["namespace", "job", *STRAGGLER_COLUMNS]]
         rows = rows.merge(slow, on=["namespace", "job"], how="left")
         no_wait = rows["straggler_wait_gpu_hours"] <= 0
         rows.loc[no_wait, STRAGGLER_COLUMNS] = None
+        rows = with_waits(rows, queue)
     if by is GroupBy.GPU:  # which metric each card's utilisation came from
         # a physical card's row: its own source, else its MIG instances'
         on_card = results.assign(gpu=results["card"]) if "card" in results else results
@@ -152,8 +163,19 @@ def _read_report(
         nodes=int(scope["node"].nunique()),
         nodes_without_pods=nodes_without_pods(scope),
         unjoined_cards=unjoined_cards(scope),
+        waited=longest_waits(queue),
     )
     return report, scope
+
+
+def _bound_in(pods: pd.DataFrame, window: Window) -> pd.DataFrame:
+    """The pods bound inside `window`: a gang's half-start is its window's whose last pod
+    was bound in it."""
+    import pandas as pd
+
+    bound = pd.to_numeric(pods["bound_ms"], errors="coerce")
+    gangs = set(pods.loc[(bound >= window.start_ms) & (bound < window.end_ms), "gang"])
+    return pods[pods["gang"].isin(gangs)]
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,8 @@ class Report:
     """Nodes whose cards no known pod held in the window (`summary.nodes_without_pods`)."""
     unjoined_cards: Sequence[str] = ()
     """Cards pods held that no sample names (`summary.unjoined_cards`)."""
+    waited: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """The jobs that waited longest to be scheduled (`auditor.report.waits`)."""
     causes: Mapping[str, float] = field(default_factory=dict)
     """Fleet totals of the causes inside `compute_idle` and `unallocated`
     (`auditor.report.causes.CAUSE_COLUMNS`)."""
@@ -211,7 +213,7 @@ def group_keys(rows: pd.DataFrame) -> list[str]:
         c
         for c in rows.columns
         if not c.endswith(("_gpu_hours", "_share"))
-        and not c.startswith(("util_", "straggler_"))
+        and not c.startswith(("util_", "straggler_", "queue_wait_"))
         and c not in PER_OUTPUT_COLUMNS
     ]
 
@@ -404,6 +406,23 @@ def render_table(report: Report, *, width: int | None = None) -> str:
         show(split)
         for note in no_signal_notes(report):
             console.print(note)
+    if not report.waited.empty:
+        waited = Table(title="Jobs that waited to be scheduled", title_justify="left")
+        for col, justify in (
+            ("job", "left"),
+            ("GPU-h" if scale == 1 else "GPU-min", "right"),
+            ("half-start", "right"),
+            ("the scheduler's last word", "left"),
+        ):
+            waited.add_column(col, justify=justify, overflow="fold")  # type: ignore[arg-type]
+        for rec in report.waited.to_dict("records"):
+            waited.add_row(
+                cell(f"{rec['namespace']}/{rec['job']}"),
+                _num(rec["queue_wait_gpu_hours"] * scale),
+                _num(rec["half_start_gpu_hours"] * scale),
+                cell(rec["queue_wait_message"]),
+            )
+        show(waited)
     if not report.offenders.empty:
         off = Table(title="Top offenders and next steps", title_justify="left")
         for col, justify in (

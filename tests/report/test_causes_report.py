@@ -7,7 +7,8 @@ One training pod holds a card for 2 h, at full work but for three short idle gap
 its cgroup says it was CPU-throttled (`input_bound`), in the second its card moved data
 over PCIe at 5 GB/s of an 8 GB/s link (`host_transfer`), in the third nothing was recorded
 (`unexplained`). A second card on a node cordoned for the first hour and never held is
-`unavailable` then and `no_demand` after.
+`unavailable` then, `no_demand` for half an hour after, and `blocked` for the last half
+hour, while a pod waited for an H100.
 """
 
 from __future__ import annotations
@@ -61,7 +62,15 @@ def _store(engine: Engine) -> None:
                     uid="pod-1", namespace="ml", name="train-0", node="node-a", team="vision",
                     job="Job/train", job_kind="Job", workload=WorkloadKind.TRAINING,
                     gang="pod-1", gpu_count=1, bound_ms=T0, finished_ms=T0 + 120 * MIN,
-                )
+                ),
+                PodRecord(  # waits for an H100 (as its node selector spells it) from 1:30
+                    uid="pod-2", namespace="ml", name="train-big-0", node=None, team="vision",
+                    job="Job/train-big", job_kind="Job", workload=WorkloadKind.TRAINING,
+                    gang="pod-2", gpu_count=1, created_ms=T0 + 90 * MIN,
+                    wait_reason="Unschedulable", wanted_model="NVIDIA-H100",
+                    wait_message="0/2 nodes are available: 1 Insufficient nvidia.com/gpu.",
+                    wait_seen_ms=T0 + 200 * MIN,
+                ),
             ],
         )  # fmt: skip
         writes.upsert_assignments(conn, [("pod-1", ids[HELD], T0)], source="test")
@@ -122,7 +131,8 @@ def test_each_idle_gap_gets_the_cause_its_signal_tells_and_the_causes_sum_to_the
             )
             assert parts == pytest.approx(rec[f"{cat}_gpu_hours"], abs=1e-4)
     assert platform["unallocated_unavailable_gpu_hours"] == pytest.approx(1.0, abs=1e-3)
-    assert platform["unallocated_no_demand_gpu_hours"] == pytest.approx(1.0, abs=1e-3)
+    assert platform["unallocated_blocked_gpu_hours"] == pytest.approx(0.5, abs=1e-3)
+    assert platform["unallocated_no_demand_gpu_hours"] == pytest.approx(0.5, abs=1e-3)
     assert platform["unallocated_no_signal_share"] == 0.0  # pods were recorded
 
     # the table names each cause with its first step, and states the unexplained share
@@ -201,3 +211,24 @@ def test_the_html_report_shows_the_causes_with_their_first_steps(audited: str) -
     why = page.split("Why held cards idled and free cards sat free")[1].split("</table>")[0]
     assert "<td>host_transfer</td>" in why
     assert "repair, drain or uncordon the node" in why
+
+
+def test_report_by_job_carries_each_jobs_queue_wait_and_the_schedulers_word(
+    audited: str,
+) -> None:
+    from auditor.report.render import render_json, render_table
+    from auditor.report.summary import GroupBy
+
+    report = jobs.build_report(audited, start_ms=None, end_ms=None, by=GroupBy.JOB, team=None)
+    rows = {r["job"]: r for r in json.loads(render_json(report))}
+
+    waited = rows["Job/train-big"]  # never held a card: its row is its wait
+    assert waited["allocated_gpu_hours"] == 0.0
+    # it waited from 1:30 to where it was last seen waiting, clipped to the audited window
+    assert waited["queue_wait_gpu_hours"] == pytest.approx((200 - 90) / 60, abs=1e-3)
+    assert waited["queue_wait_message"].startswith("0/2 nodes are available")
+    assert rows["Job/train"]["queue_wait_gpu_hours"] == 0.0
+    assert rows["Job/train"]["queue_wait_message"] is None
+    text = render_table(report)
+    assert "Jobs that waited to be scheduled" in text
+    assert "Insufficient nvidia.com/gpu" in text

@@ -1,0 +1,73 @@
+"""Queue waste per job (SPEC §10): the GPU-hours its pods asked for times the time they
+waited to be scheduled, the scheduler's last word, and a gang's half-start (the GPU-hours
+its early pods held while the rest waited). `report --by job` carries them as columns; the
+table lists the jobs that waited longest.
+
+A job that only waited (no pod of it held a card in the window) still gets its row, with
+zero held hours: waiting is what it did.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+WAIT_COLUMNS = ["queue_wait_gpu_hours", "queue_wait_message", "half_start_gpu_hours"]
+KEYS = ["team", "namespace", "job"]
+WAITED_SHOWN = 5
+"""Jobs listed under "Jobs that waited to be scheduled"."""
+
+
+def job_waits(waits: pd.DataFrame, half_starts: pd.DataFrame, pods: pd.DataFrame) -> pd.DataFrame:
+    """Per (team, namespace, job): `WAIT_COLUMNS`. `waits`: `store.demand.read_queue_waits`;
+    `half_starts`: `classify.queue.gang_half_starts`; `pods`: uid, gang, namespace, team (to
+    name a half-started gang's job)."""
+    parts: list[pd.Series] = []
+    if not waits.empty:
+        hours = waits["cards"] * (waits["end_ms"] - waits["start_ms"]) / 3_600_000
+        latest = waits.sort_values("end_ms", kind="stable").groupby(KEYS)["message"].last()
+        queued = waits.assign(h=hours).groupby(KEYS)["h"].sum().rename("queue_wait_gpu_hours")
+        parts += [queued, latest.rename("queue_wait_message")]
+    if not half_starts.empty:
+        gangs = pods.drop_duplicates("gang").set_index("gang")
+        half = half_starts.assign(
+            team=half_starts["gang"].map(gangs["team"]),
+            namespace=half_starts["gang"].map(gangs["namespace"]),
+            h=half_starts["gpu_seconds"] / 3600.0,
+        )
+        parts.append(half.groupby(KEYS)["h"].sum().rename("half_start_gpu_hours"))
+    if not parts:
+        return pd.DataFrame(columns=[*KEYS, *WAIT_COLUMNS])
+    out = pd.concat(parts, axis=1)
+    for col in WAIT_COLUMNS:
+        if col not in out.columns:
+            out[col] = np.nan if col == "queue_wait_message" else 0.0
+    out["queue_wait_gpu_hours"] = out["queue_wait_gpu_hours"].fillna(0.0)
+    out["half_start_gpu_hours"] = out["half_start_gpu_hours"].fillna(0.0)
+    return out[WAIT_COLUMNS].reset_index()
+
+
+def with_waits(rows: pd.DataFrame, waits: pd.DataFrame) -> pd.DataFrame:
+    """`report --by job` rows with `WAIT_COLUMNS` (0 and null where a job did not wait),
+    and a row for each job that only waited."""
+    merged = rows.merge(waits, on=KEYS, how="outer", indicator=True)
+    only = merged["_merge"] == "right_only"
+    numeric = [c for c in rows.columns if c not in KEYS and pd.api.types.is_numeric_dtype(rows[c])]
+    hours = [c for c in numeric if c.endswith("_gpu_hours")]
+    merged.loc[only, hours] = 0.0
+    for col in ("queue_wait_gpu_hours", "half_start_gpu_hours"):
+        merged[col] = merged[col].fillna(0.0)
+    merged["queue_wait_message"] = merged["queue_wait_message"].astype(object)
+    merged.loc[merged["queue_wait_message"].isna(), "queue_wait_message"] = None
+    return merged.drop(columns="_merge").reset_index(drop=True)
+
+
+def longest_waits(waits: pd.DataFrame, *, top: int = WAITED_SHOWN) -> pd.DataFrame:
+    """The `top` jobs by queue wait, longest first."""
+    if waits.empty:
+        return waits
+    waited = waits[waits["queue_wait_gpu_hours"] > 0]
+    ranked = waited.sort_values(
+        ["queue_wait_gpu_hours", *KEYS], ascending=[False, True, True, True]
+    )
+    return ranked.head(top).reset_index(drop=True)
