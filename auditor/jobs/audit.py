@@ -207,7 +207,10 @@ def _audit(
                 activity=reads.read_tenant_util(conn, wanted, uuids),
                 pod_signals=read_pod_signals(conn, list(held), window=audited, margin_ms=margin),
                 card_signals=read_card_signals(
-                    conn, window=audited, margin_ms=margin, gpu_ids=[w[0] for w in wanted]
+                    conn,
+                    window=audited,
+                    margin_ms=margin,
+                    cards={w[0]: uuids[w[0]] for w in wanted},
                 ),
             )
 

@@ -75,9 +75,12 @@ def _read_report(
     by: GroupBy,
     team: str | None,
     top: int,
+    waits: bool = True,
 ) -> tuple[Report, pd.DataFrame]:
     """The Report of `build_report`, and the stored results it was made of (of `team` only,
-    when given)."""
+    when given). `waits`: with the jobs' queue waits (the pods read once more)."""
+    import pandas as pd
+
     from auditor.classify.queue import gang_half_starts
     from auditor.report.causes import cause_totals, complete_causes
     from auditor.report.compare import outputs_by, outputs_in_window, sm_by, with_outputs
@@ -124,11 +127,14 @@ def _read_report(
         raise InputError(f"no team {team!r} in this window", field="--team")
     causes = read_causes(conn, run_ids)
     rows = summarise(results, by=by, team=team, causes=causes)
-    queue = job_waits(
-        read_queue_waits(conn, window=window),
-        gang_half_starts(_bound_in(reads.read_pods(conn), window)),
-        reads.read_pods(conn),
-    )
+    queue = job_waits(pd.DataFrame(), pd.DataFrame(), pd.DataFrame())
+    if waits:  # queue waste and half-starts, from the pods (SPEC §10)
+        every_pod = reads.read_pods(conn)
+        queue = job_waits(
+            read_queue_waits(conn, window=window),
+            gang_half_starts(_bound_in(every_pod, window)),
+            every_pod,
+        )
     if team is not None:
         queue = queue[queue["team"] == team]
     if by is GroupBy.JOB:
@@ -269,7 +275,9 @@ def _explain(
     idle = split_compute_idle(
         pieces,
         pod_signals=read_pod_signals(conn, sorted(uids), window=held_span, margin_ms=margin),
-        card_signals=read_card_signals(conn, window=held_span, margin_ms=margin, gpu_ids=ids),
+        card_signals=read_card_signals(
+            conn, window=held_span, margin_ms=margin, cards={i: uuid_of[i] for i in ids}
+        ),
         multi_card_pods=multi_card_pods(gang),
         thresholds=thresholds.causes,
     )
@@ -309,8 +317,9 @@ def build_report_html(
     engine = open_store(url)
     try:
         with engine.connect() as conn:
+            # the page reads the pods once, for the timelines; it shows no queue waits
             report, results = _read_report(
-                conn, start_ms=start_ms, end_ms=end_ms, by=by, team=team, top=3
+                conn, start_ms=start_ms, end_ms=end_ms, by=by, team=team, top=3, waits=False
             )
             off = report.offenders.sort_values("gpu_hours", ascending=False, kind="stable")
             offenders = [

@@ -124,18 +124,19 @@ _CARD_SIGNAL_ROW = np.dtype([("ts_ms", np.int64), *((c, np.float64) for c in CAR
 
 
 def read_card_signals(
-    conn: Connection, *, window: Window, margin_ms: int, gpu_ids: Sequence[int] | None = None
+    conn: Connection, *, window: Window, margin_ms: int, cards: Mapping[int, str] | None = None
 ) -> pd.DataFrame:
-    """The card signal rows in `[start - margin, end + margin)` (of `gpu_ids` only, when
-    given): gpu (the UUID), ts_ms, `CARD_SIGNALS` (NaN where not recorded).
+    """The card signal rows in `[start - margin, end + margin)` (of `cards` only, GPU id ->
+    UUID, when given; else of every card): gpu (the UUID), ts_ms, `CARD_SIGNALS` (NaN where
+    not recorded).
 
     Read as the audit reads samples (`reads.read_card_samples`): one key-range scan per card
     through the driver, each card's rows turned into an array in one pass; a row per card
     and pass adds up to most of the signals an audit reads."""
-    wanted = select(gpus.c.id, gpus.c.uuid)
-    if gpu_ids is not None:
-        wanted = wanted.where(gpus.c.id.in_(sorted({int(i) for i in gpu_ids})))
-    uuid_of = {int(i): str(u) for i, u in conn.execute(wanted)}
+    if cards is None:
+        uuid_of = {int(i): str(u) for i, u in conn.execute(select(gpus.c.id, gpus.c.uuid))}
+    else:
+        uuid_of = {int(i): str(u) for i, u in cards.items()}
     mark = "%s" if conn.dialect.name == "postgresql" else "?"
     query = (
         f"SELECT ts_ms, {', '.join(CARD_SIGNALS)} FROM card_signals"
