@@ -23,14 +23,15 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from auditor.model import CATEGORIES, PLATFORM_TEAM, Window
+from auditor.model import CATEGORIES, PLATFORM_TEAM, WasteCategory, Window
 from auditor.settings import Thresholds
 from auditor.simulate import catalogue
 from auditor.simulate.placement import Occupancy, Zone, first_fit, place
 from auditor.simulate.plan import Ending, GangPlan, Label, Namer, Owner, PodPlan, Profile
 from auditor.simulate.scenario import TEAMS, Scenario
+from auditor.simulate.signals import IDLE_CAUSES, Signals, idle_cause_truth, plan_signals
 from auditor.simulate.telemetry import derive
-from auditor.simulate.truth import NO_POD, Tenure, card_truth, straggler_points
+from auditor.simulate.truth import NO_POD, Pieces, Tenure, card_pieces, straggler_points, summed
 from auditor.simulate.utilisation import Frames, Grid, fill_gang
 from auditor.simulate.writers import (
     NodeGpus,
@@ -38,6 +39,7 @@ from auditor.simulate.writers import (
     pod_object,
     rfc3339,
     write_nvidia_smi,
+    write_openmetrics,
     write_pod_list,
 )
 
@@ -74,6 +76,14 @@ class SimulationResult:
     now_ms: int
     samples: int
     outages: list[Outage] = field(default_factory=list)
+    signals: Signals | None = None
+    """The scraped readings behind SPEC §10's causes (`auditor.simulate.signals`)."""
+    signals_om: Path | None = None
+    """`signals.om.txt`: the same readings as cAdvisor, dcgm-exporter and vLLM series."""
+    truth_causes: pd.DataFrame | None = None
+    """team, category, cause, gpu_seconds: the causes inside `compute_idle` (per team) and
+    `unallocated` (`(platform)`)."""
+    truth_causes_csv: Path | None = None
 
 
 def _node_name(scenario: Scenario, node: int) -> str:
@@ -207,7 +217,9 @@ def _truth(
     frames: Frames,
     strag: np.ndarray,
     uuids: list[str],
+    pieces: list[Pieces],
 ) -> pd.DataFrame:
+    """Per card and pod, GPU-seconds per category; each card's `Pieces` go to `pieces`."""
     g = scenario.gpus_per_node
     tenures: dict[int, list[Tenure]] = {}
     for j, (pod, gang) in enumerate(zip(pods, gang_of, strict=True)):
@@ -227,7 +239,7 @@ def _truth(
             )
     parts = []
     for c in range(scenario.total_gpus):
-        pod_idx, cat_idx, secs = card_truth(
+        got = card_pieces(
             ts=ts[c],
             present=present[c],
             util=frames.util[c],
@@ -237,6 +249,8 @@ def _truth(
             window=Window(scenario.start_ms, scenario.end_ms),
             thresholds=Thresholds(),
         )
+        pieces.append(got)
+        pod_idx, cat_idx, secs = summed(got)
         parts.append(pd.DataFrame({"card": c, "pod": pod_idx, "cat": cat_idx, "sec": secs}))
     raw = pd.concat(parts, ignore_index=True)
     none = PodPlan(
@@ -271,6 +285,16 @@ def _team_table(detail: pd.DataFrame) -> pd.DataFrame:
     )
     sums = detail.groupby(["team", "category"])["gpu_seconds"].sum()
     return sums.reindex(index, fill_value=0.0).rename("gpu_seconds").reset_index()
+
+
+def _cause_table(idle: pd.DataFrame, pods: list[PodPlan], teams: list[str]) -> pd.DataFrame:
+    """Every team × cause of `compute_idle`, GPU-seconds (0 where none)."""
+    team = [pods[int(j)].team for j in idle["pod"]]
+    sums = idle.assign(team=team).groupby(["team", "cause"])["sec"].sum()
+    index = pd.MultiIndex.from_product([teams, list(IDLE_CAUSES)], names=["team", "cause"])
+    table = sums.reindex(index, fill_value=0.0).rename("gpu_seconds").reset_index()
+    table.insert(1, "category", WasteCategory.COMPUTE_IDLE.value)
+    return table
 
 
 def simulate(out_dir: Path, *, scenario: Scenario) -> SimulationResult:
@@ -336,6 +360,7 @@ def simulate(out_dir: Path, *, scenario: Scenario) -> SimulationResult:
     tele = derive(frames, r_tele)
 
     uuids = [namer.gpu_uuid() for _ in range(scenario.total_gpus)]
+    pieces: list[Pieces] = []
     detail = _truth(
         scenario=scenario,
         pods=pods,
@@ -346,8 +371,26 @@ def simulate(out_dir: Path, *, scenario: Scenario) -> SimulationResult:
         frames=frames,
         strag=strag,
         uuids=uuids,
+        pieces=pieces,
     )
     truth = _team_table(detail)
+    # SPEC §10's signals come from a stream of their own: nothing above changes with them
+    r_sig = np.random.default_rng(np.random.SeedSequence(scenario.seed, spawn_key=(6,)))
+    signals = plan_signals(
+        pods=pods,
+        gang_of=gang_of,
+        label=frames.label,
+        grid=grid,
+        gpus_per_node=g,
+        nodes=[_node_name(scenario, n) for n in range(scenario.nodes)],
+        uuids=uuids,
+        gpu_model=scenario.gpu_model,
+        end_ms=end,
+        rng=r_sig,
+    )
+    idle_causes = idle_cause_truth(pieces=pieces, signals=signals, pods=pods, uuids=uuids)
+    teams = list(truth["team"].drop_duplicates())
+    truth_causes = _cause_table(idle_causes, pods, [t for t in teams if t != PLATFORM_TEAM])
 
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "nodes").mkdir(exist_ok=True)
@@ -374,6 +417,10 @@ def simulate(out_dir: Path, *, scenario: Scenario) -> SimulationResult:
     truth.to_csv(truth_csv, index=False, float_format="%.3f", lineterminator="\n")
     detail_csv = out_dir / "truth_detail.csv"
     detail.to_csv(detail_csv, index=False, float_format="%.3f", lineterminator="\n")
+    causes_csv = out_dir / "truth_causes.csv"
+    truth_causes.to_csv(causes_csv, index=False, float_format="%.3f", lineterminator="\n")
+    signals_om = out_dir / "signals.om.txt"
+    write_openmetrics(signals_om, signals.families, counters=signals.counters, precise=True)
 
     assignments = pd.DataFrame(
         [
@@ -437,4 +484,8 @@ def simulate(out_dir: Path, *, scenario: Scenario) -> SimulationResult:
         now_ms=end,
         samples=samples,
         outages=outage_records,
+        signals=signals,
+        signals_om=signals_om,
+        truth_causes=truth_causes,
+        truth_causes_csv=causes_csv,
     )

@@ -466,21 +466,32 @@ class Series:
     values: np.ndarray
 
 
-def write_openmetrics(path: Path, families: dict[str, list[Series]]) -> int:
-    """Gauges as OpenMetrics text, the input of `promtool tsdb create-blocks-from
-    openmetrics`: each family's series together, samples in time order, `# EOF` last.
+def write_openmetrics(
+    path: Path,
+    families: dict[str, list[Series]],
+    *,
+    counters: frozenset[str] = frozenset(),
+    precise: bool = False,
+) -> int:
+    """Gauges (and the `counters` families, whose samples are `<family>_total`) as
+    OpenMetrics text, the input of `promtool tsdb create-blocks-from openmetrics`: each
+    family's series together, samples in time order, `# EOF` last. Values have 6 significant
+    digits, or as many as round-trip where `precise` (a counter's rate needs them all).
     Returns the sample lines written."""
     lines = 0
     with path.open("w", encoding="utf-8") as out:
         for name, series in families.items():
-            out.write(f"# TYPE {name} gauge\n")
+            kind = "counter" if name in counters else "gauge"
+            sample = f"{name}_total" if kind == "counter" else name
+            out.write(f"# TYPE {name} {kind}\n")
             for one in series:
                 labels = ",".join(f'{k}="{v}"' for k, v in one.labels.items())
-                head = f"{name}{{{labels}}} "
-                body = [
-                    f"{head}{v:.6g} {t}\n"
-                    for t, v in zip(one.times_s.tolist(), one.values.tolist(), strict=True)
-                ]
+                head = f"{sample}{{{labels}}} "
+                pairs = zip(one.times_s.tolist(), one.values.tolist(), strict=True)
+                if precise:
+                    body = [f"{head}{v!r} {t!r}\n" for t, v in pairs]
+                else:
+                    body = [f"{head}{v:.6g} {t}\n" for t, v in pairs]
                 out.writelines(body)
                 lines += len(body)
         out.write("# EOF\n")
