@@ -16,6 +16,7 @@ identifiers, timestamps, outages, utilisation, telemetry), with no clock and no 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,21 +27,38 @@ import pandas as pd
 from auditor.model import CATEGORIES, PLATFORM_TEAM, WasteCategory, Window
 from auditor.settings import Thresholds
 from auditor.simulate import catalogue
+from auditor.simulate.demand import (
+    Cordon,
+    Wait,
+    free_cause_truth,
+    plan_cordon,
+    plan_waits,
+    scheduler_message,
+)
 from auditor.simulate.placement import Occupancy, Zone, first_fit, place
 from auditor.simulate.plan import Ending, GangPlan, Label, Namer, Owner, PodPlan, Profile
 from auditor.simulate.scenario import TEAMS, Scenario
-from auditor.simulate.signals import IDLE_CAUSES, Signals, idle_cause_truth, plan_signals
+from auditor.simulate.signals import (
+    FREE_CAUSES,
+    IDLE_CAUSES,
+    Signals,
+    idle_cause_truth,
+    plan_signals,
+)
 from auditor.simulate.telemetry import derive
 from auditor.simulate.truth import NO_POD, Pieces, Tenure, card_pieces, straggler_points, summed
 from auditor.simulate.utilisation import Frames, Grid, fill_gang
 from auditor.simulate.writers import (
     NodeGpus,
     PodContext,
+    node_object,
     pod_object,
     rfc3339,
+    write_node_list,
     write_nvidia_smi,
     write_openmetrics,
     write_pod_list,
+    write_watch_events,
 )
 
 OUTAGE_MARGIN_S = 300
@@ -84,6 +102,12 @@ class SimulationResult:
     """team, category, cause, gpu_seconds: the causes inside `compute_idle` (per team) and
     `unallocated` (`(platform)`)."""
     truth_causes_csv: Path | None = None
+    nodes_json: Path | None = None
+    """`kubectl get nodes -o json` at the snapshot (one node cordoned, `cordon`)."""
+    watch_json: Path | None = None
+    """`kubectl get pods --watch --output-watch-events`: the waiting pods Pending."""
+    cordon: Cordon | None = None
+    waits: list[Wait] = field(default_factory=list)
 
 
 def _node_name(scenario: Scenario, node: int) -> str:
@@ -173,7 +197,11 @@ def _bystanders(scenario: Scenario, namer: Namer) -> list[tuple[PodPlan, int]]:
 
 
 def _pod_objects(
-    scenario: Scenario, gpu_pods: list[PodPlan], pending: list[PodPlan], namer: Namer
+    scenario: Scenario,
+    gpu_pods: list[PodPlan],
+    pending: list[PodPlan],
+    namer: Namer,
+    messages: dict[str, str],
 ) -> list[dict[str, Any]]:
     objects = []
     version = 4_100_000
@@ -191,16 +219,13 @@ def _pod_objects(
         objects.append(pod_object(pod, ctx, namer))
     for pod in pending:
         version += 1
-        n = scenario.nodes
         ctx = PodContext(
             node_name=None,
             host_ip="",
             pod_ip="",
             resource_version=version,
             now_ms=scenario.end_ms,
-            unschedulable=f"0/{n} nodes are available: {n} Insufficient "
-            f"nvidia.com/gpu. preemption: 0/{n} nodes are available: "
-            f"{n} No preemption victims found for incoming pod.",
+            unschedulable=messages[pod.uid],
         )
         objects.append(pod_object(pod, ctx, namer))
     return objects
@@ -287,6 +312,49 @@ def _team_table(detail: pd.DataFrame) -> pd.DataFrame:
     return sums.reindex(index, fill_value=0.0).rename("gpu_seconds").reset_index()
 
 
+def _node_objects(scenario: Scenario, cordon: Cordon | None, namer: Namer) -> list[dict[str, Any]]:
+    """`kubectl get nodes -o json` at the snapshot: GPU feature discovery's labels, the
+    cordoned node unschedulable since its cordon."""
+    created = scenario.data_start_ms - 40 * 86_400_000
+    product = scenario.gpu_model.removeprefix("NVIDIA ").replace(" ", "-")
+    return [
+        node_object(
+            _node_name(scenario, n),
+            labels={
+                "nvidia.com/gpu.count": str(scenario.gpus_per_node),
+                "nvidia.com/gpu.present": "true",
+                "nvidia.com/gpu.product": f"NVIDIA-{product}",
+                "nvidia.com/gpu.memory": str(scenario.memory_total_mib),
+            },
+            resources={"nvidia.com/gpu": str(scenario.gpus_per_node)},
+            created_ms=created,
+            uid=namer.uid(),
+            cordoned_ms=cordon.start_ms if cordon is not None and cordon.node == n else None,
+        )
+        for n in range(scenario.nodes)
+    ]
+
+
+def _wait_events(
+    scenario: Scenario, waits: list[Wait], messages: dict[str, str]
+) -> list[tuple[str, dict[str, Any]]]:
+    """The watch stream of the waits: each waiting pod ADDED Pending, Unschedulable, with
+    the scheduler's message (its binding and the rest are in the final `pods.json`)."""
+    namer = Namer(np.random.default_rng(0))  # a Pending pod's object draws nothing from it
+    events = []
+    for i, w in enumerate(sorted(waits, key=lambda w: (w.start_ms, w.pod.uid))):
+        ctx = PodContext(
+            node_name=None,
+            host_ip="",
+            pod_ip="",
+            resource_version=4_000_000 + i,
+            now_ms=w.start_ms + 1000,
+            unschedulable=messages[w.pod.uid],
+        )
+        events.append(("ADDED", pod_object(w.pod, ctx, namer)))
+    return events
+
+
 def _cause_table(idle: pd.DataFrame, pods: list[PodPlan], teams: list[str]) -> pd.DataFrame:
     """Every team × cause of `compute_idle`, GPU-seconds (0 where none)."""
     team = [pods[int(j)].team for j in idle["pod"]]
@@ -330,6 +398,27 @@ def simulate(out_dir: Path, *, scenario: Scenario) -> SimulationResult:
     for pod in [*pods, *pending]:
         pod.uid = namer.uid()
     first_fit(pods, gpus_per_node=scenario.gpus_per_node)
+    # SPEC §10's free-card story: a cordon placed where nothing binds any more, and the pods
+    # that waited; from a stream of their own, so nothing else changes with them
+    r_dem = np.random.default_rng(np.random.SeedSequence(scenario.seed, spawn_key=(7,)))
+    cordon = plan_cordon(
+        pods,
+        nodes=scenario.nodes,
+        gpus_per_node=scenario.gpus_per_node,
+        window=(scenario.start_ms, end),
+    )
+    waits = plan_waits(pods, gang_of, pending, end_ms=end)
+    messages = {
+        w.pod.uid: scheduler_message(
+            w.gpus,
+            w.start_ms + 1000,
+            pods=pods,
+            nodes=scenario.nodes,
+            gpus_per_node=scenario.gpus_per_node,
+            cordon=cordon,
+        )
+        for w in waits
+    }
 
     grid = Grid(data_start, scenario.period_ms, (end - data_start) // scenario.period_ms)
     ts = _timestamps(scenario, grid, r_time)
@@ -391,6 +480,27 @@ def simulate(out_dir: Path, *, scenario: Scenario) -> SimulationResult:
     idle_causes = idle_cause_truth(pieces=pieces, signals=signals, pods=pods, uuids=uuids)
     teams = list(truth["team"].drop_duplicates())
     truth_causes = _cause_table(idle_causes, pods, [t for t in teams if t != PLATFORM_TEAM])
+    free_causes = free_cause_truth(
+        pieces=pieces,
+        gpus_per_node=g,
+        cordon=cordon,
+        waits=waits,
+        window=(scenario.start_ms, end),
+    )
+    truth_causes = pd.concat(
+        [
+            truth_causes,
+            pd.DataFrame(
+                {
+                    "team": PLATFORM_TEAM,
+                    "category": WasteCategory.UNALLOCATED.value,
+                    "cause": list(FREE_CAUSES),
+                    "gpu_seconds": [free_causes[c] for c in FREE_CAUSES],
+                }
+            ),
+        ],
+        ignore_index=True,
+    )
 
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "nodes").mkdir(exist_ok=True)
@@ -412,7 +522,12 @@ def simulate(out_dir: Path, *, scenario: Scenario) -> SimulationResult:
         )
         node_csvs[name] = path
     pods_json = out_dir / "pods.json"
-    write_pod_list(pods_json, _pod_objects(scenario, pods, pending, namer))
+    write_pod_list(pods_json, _pod_objects(scenario, pods, pending, namer, messages))
+    nodes_json = out_dir / "nodes.json"
+    write_node_list(nodes_json, _node_objects(scenario, cordon, Namer(r_dem)))
+    os.utime(nodes_json, (end / 1000, end / 1000))  # kubectl wrote it at the snapshot
+    watch_json = out_dir / "pods-watch.json"
+    write_watch_events(watch_json, _wait_events(scenario, waits, messages))
     truth_csv = out_dir / "truth.csv"
     truth.to_csv(truth_csv, index=False, float_format="%.3f", lineterminator="\n")
     detail_csv = out_dir / "truth_detail.csv"
@@ -488,4 +603,8 @@ def simulate(out_dir: Path, *, scenario: Scenario) -> SimulationResult:
         signals_om=signals_om,
         truth_causes=truth_causes,
         truth_causes_csv=causes_csv,
+        nodes_json=nodes_json,
+        watch_json=watch_json,
+        cordon=cordon,
+        waits=waits,
     )

@@ -397,9 +397,12 @@ def node_object(
     created_ms: int,
     uid: str,
     annotations: dict[str, str] | None = None,
+    cordoned_ms: int | None = None,
 ) -> dict[str, Any]:
     """A Node as `kubectl get nodes -o json` shows it: labels (GPU feature discovery's,
-    the sharing labels of SPEC §7) and the GPU resources in capacity and allocatable."""
+    the sharing labels of SPEC §7) and the GPU resources in capacity and allocatable; a node
+    cordoned (`kubectl cordon`) since `cordoned_ms` is unschedulable and carries the taint
+    the node controller adds, stamped with that time."""
     base = {"cpu": "96", "ephemeral-storage": "1843269236Ki", "memory": "1056462628Ki"}
     base["pods"] = "110"
     metadata: dict[str, Any] = {
@@ -422,7 +425,18 @@ def node_object(
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": metadata,
-        "spec": {},
+        "spec": {}
+        if cordoned_ms is None
+        else {
+            "taints": [
+                {
+                    "effect": "NoSchedule",
+                    "key": "node.kubernetes.io/unschedulable",
+                    "timeAdded": rfc3339(cordoned_ms),
+                }
+            ],
+            "unschedulable": True,
+        },
         "status": {
             "allocatable": {**base, **resources},
             "capacity": {**base, **resources},
@@ -496,3 +510,11 @@ def write_openmetrics(
                 lines += len(body)
         out.write("# EOF\n")
     return lines
+
+
+def write_watch_events(path: Path, events: list[tuple[str, dict[str, Any]]]) -> None:
+    """`kubectl get pods -A -o json --watch --output-watch-events`: each event an indented
+    JSON object `{"type": ..., "object": ...}`, back to back, keys sorted."""
+    with path.open("w", encoding="utf-8") as out:
+        for kind, obj in events:
+            out.write(json.dumps({"object": obj, "type": kind}, indent=4, sort_keys=True) + "\n")
