@@ -401,13 +401,14 @@ def simulate(out_dir: Path, *, scenario: Scenario) -> SimulationResult:
     # SPEC §10's free-card story: a cordon placed where nothing binds any more, and the pods
     # that waited; from a stream of their own, so nothing else changes with them
     r_dem = np.random.default_rng(np.random.SeedSequence(scenario.seed, spawn_key=(7,)))
+    waits = plan_waits(pods, gang_of, pending, end_ms=end)
     cordon = plan_cordon(
         pods,
         nodes=scenario.nodes,
         gpus_per_node=scenario.gpus_per_node,
         window=(scenario.start_ms, end),
+        not_before_ms=max((w.start_ms + 60_000 for w in waits), default=scenario.start_ms),
     )
-    waits = plan_waits(pods, gang_of, pending, end_ms=end)
     messages = {
         w.pod.uid: scheduler_message(
             w.gpus,

@@ -4,8 +4,9 @@ unscheduled, and the ground truth of the causes inside `unallocated`.
 **The cordon.** One node is cordoned (`spec.unschedulable`, the
 `node.kubernetes.io/unschedulable` taint with its `timeAdded`) from a whole minute after the
 last pod bound to it until the snapshot, so the schedule is the same with it as without:
-nothing is bound there while it lasts, and what runs there keeps running. Its free cards in
-that stretch are `unavailable`.
+nothing is bound there while it lasts, and what runs there keeps running. It begins after
+the last waiting pod arrived, so every scheduler message the pods carry was true when it was
+written. Its free cards in that stretch are `unavailable`.
 
 **The waits.** A pod whose gang the scheduler could not place when it arrived waited
 `Unschedulable` from its creation until it was bound (the watch stream `pods-watch.json`
@@ -30,7 +31,7 @@ from auditor.simulate.truth import Pieces
 
 CORDON_AFTER_BIND_MS = 5 * 60_000
 """The cordon begins at least this long after the node's last binding."""
-CORDON_MIN_MS = 45 * 60_000
+CORDON_MIN_MS = 20 * 60_000
 """A cordon lasts at least this long before the snapshot."""
 
 
@@ -54,15 +55,21 @@ class Wait:
 
 
 def plan_cordon(
-    pods: list[PodPlan], *, nodes: int, gpus_per_node: int, window: tuple[int, int]
+    pods: list[PodPlan],
+    *,
+    nodes: int,
+    gpus_per_node: int,
+    window: tuple[int, int],
+    not_before_ms: int,
 ) -> Cordon | None:
-    """The node with the most free card time after its last binding (module docstring)."""
+    """The node with the most free card time after its last binding and `not_before_ms`
+    (module docstring)."""
     start_w, end = window
     best: tuple[float, int, int] | None = None
     for n in range(nodes):
         mine = [p for p in pods if p.node == n]
         last = max((p.bound_ms for p in mine), default=start_w)
-        start = max(last + CORDON_AFTER_BIND_MS, start_w + (end - start_w) // 2)
+        start = max(last + CORDON_AFTER_BIND_MS, start_w + (end - start_w) // 2, not_before_ms)
         start = -(-start // 60_000) * 60_000
         if end - start < CORDON_MIN_MS:
             continue

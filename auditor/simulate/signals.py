@@ -353,11 +353,26 @@ def plan_signals(
     return Signals(
         pod_rows=pod_rows,
         card_rows=card_rows,
-        families={k: v for k, v in fam.items() if v},
+        families={k: _grouped(v) for k, v in fam.items() if v},
         counters=COUNTERS,
         stories=stories,
         scrape_gap=(nodes[gap_node], gap[0], gap[1]),
     )
+
+
+def _grouped(series: list[Series]) -> list[Series]:
+    """One series per label set, samples in time order: OpenMetrics wants each series'
+    samples together (a free card's labels come back after each pod that held it)."""
+    by: dict[tuple[tuple[str, str], ...], list[Series]] = {}
+    for one in series:
+        by.setdefault(tuple(one.labels.items()), []).append(one)
+    out = []
+    for parts in by.values():
+        times = np.concatenate([p.times_s for p in parts])
+        values = np.concatenate([p.values for p in parts])
+        order = np.argsort(times, kind="stable")
+        out.append(Series(parts[0].labels, times[order], values[order]))
+    return out
 
 
 FAMILY_ORDER = (
