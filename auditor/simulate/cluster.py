@@ -7,7 +7,11 @@ Output directory:
 - `truth.csv`: GPU-seconds per team and category in the window (`(platform)` carries
   unallocated time and unobserved time of unheld cards);
 - `truth_detail.csv`: the same per GPU and pod, to find where an audit disagrees;
-- `scenario.json`: the window, the seed, the knobs, the GPUs and the sampler outages.
+- `scenario.json`: the window, the seed, the knobs, the GPUs and the sampler outages;
+- SPEC §10's causes: `signals.om.txt` (cAdvisor, dcgm-exporter and vLLM series in
+  OpenMetrics, `auditor.simulate.signals`), `nodes.json` (`kubectl get nodes -o json`, one
+  node cordoned), `pods-watch.json` (the waiting pods Pending, `auditor.simulate.demand`)
+  and `truth_causes.csv` (GPU-seconds per team, category and cause).
 
 Everything follows from the scenario's seed through independent random streams (plan,
 identifiers, timestamps, outages, utilisation, telemetry), with no clock and no other input.
