@@ -12,6 +12,7 @@ from auditor.errors import InputError
 from auditor.jobs.audit import audit
 from auditor.jobs.imports import import_nvidia_smi, import_pods
 from auditor.jobs.reports import build_report
+from auditor.jobs.signals import store_signal_rows
 from auditor.settings import Config, Thresholds
 
 if TYPE_CHECKING:
@@ -78,13 +79,21 @@ def demo(workdir: Path, *, scenario: str = "demo", log: Callable[[str], None]) -
     for node, path in sorted(sim.node_csvs.items()):
         samples += import_nvidia_smi(url, path, node=node).rows
     pods = import_pods(url, sim.pods_json, config=Config()).rows
+    for extra in (sim.watch_json, sim.nodes_json):  # waits and the cordon (SPEC §10)
+        if extra is not None:
+            pods += import_pods(url, extra, config=Config()).rows
     log(f"imported {samples:,} samples and {pods} pod records into {url}")
+    if sim.signals is not None:
+        stored = store_signal_rows(url, sim.signals.pod_rows, sim.signals.card_rows)
+        log(f"stored {stored.pod_rows:,} pod and {stored.card_rows:,} card signal rows")
     story = ab_story(url, workdir / "ab", log=log)
     stats = audit(url, window=(sim.window_start_ms, sim.window_end_ms), thresholds=Thresholds())
     log(f"audited {stats.gpus} GPUs in {stats.seconds:.1f}s")
     report = build_report(url, start_ms=None, end_ms=None, by=GroupBy.TEAM, team=None)
     text = render_table(report)
     text += "\n" + truth_check(report.rows, sim.truth)
+    if sim.truth_causes is not None:
+        text += "\n" + cause_check(report.rows, sim.truth_causes, sim.truth).text
     text += "\n" + story()
     log(f"demo finished in {time.perf_counter() - started:.1f}s")
     return text
@@ -145,3 +154,61 @@ def truth_check(rows: pd.DataFrame, truth: pd.DataFrame) -> str:
             f"  {c.value:<16}{float(true.get(c.value, 0.0)):>10.2f}{audited[c.value]:>10.2f}"
         )
     return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True)
+class CauseCheck:
+    """The audit's causes against the simulator's, per team × cause, in GPU-hours."""
+
+    audited: pd.DataFrame
+    """team × (category, cause)."""
+    truth: pd.DataFrame
+    off_pct: pd.DataFrame
+    """|audit − truth| as a percentage of the team's held GPU-hours (the platform's: its
+    unallocated and unobserved hours)."""
+    text: str
+
+    def worst(self, category: str | None = None) -> tuple[str, str, float]:
+        """(team, category/cause, % of held hours) of the largest difference (within
+        `category`'s causes, when given)."""
+        off = self.off_pct
+        if category is not None:
+            off = off[[k for k in off.columns if k.startswith(f"{category}/")]]
+        stacked = off.stack()
+        team, cause = stacked.idxmax()  # type: ignore[misc]
+        return str(team), str(cause), float(stacked.to_numpy().max())
+
+
+def cause_check(rows: pd.DataFrame, truth_causes: pd.DataFrame, truth: pd.DataFrame) -> CauseCheck:
+    """Audit vs simulator ground truth per cause: the fleet's table, and per split the
+    worst team × cause difference as a share of that team's held hours (the platform's:
+    its free and unobserved hours)."""
+    import pandas as pd
+
+    truth_causes = truth_causes.assign(key=truth_causes["category"] + "/" + truth_causes["cause"])
+    keys = list(dict.fromkeys(truth_causes["key"]))
+    true = (
+        truth_causes.pivot_table(
+            index="team", columns="key", values="gpu_seconds", aggfunc="sum", fill_value=0.0
+        ).reindex(columns=keys, fill_value=0.0)
+        / 3600.0
+    )
+    rows = rows.set_index("team")
+    audited = pd.DataFrame(
+        {k: rows[f"{k.replace('/', '_')}_gpu_hours"] for k in keys}, index=rows.index
+    ).reindex(true.index, fill_value=0.0)
+    held = truth.groupby("team")["gpu_seconds"].sum() / 3600.0
+    off = (audited - true).abs().div(held.reindex(true.index), axis=0) * 100.0
+    lines = [
+        "Audit vs the simulator's ground truth per cause (GPU-hours):",
+        f"  {'category/cause':<28}{'truth':>10}{'audit':>10}",
+    ]
+    for k in keys:
+        lines.append(f"  {k:<28}{float(true[k].sum()):>10.2f}{float(audited[k].sum()):>10.2f}")
+    check = CauseCheck(audited, true, off, "")
+    for category in dict.fromkeys(truth_causes["category"]):
+        team, cause, pct = check.worst(category)
+        lines.append(
+            f"  worst team × cause of {category}: {team} {cause}, {pct:.3f} % of held hours"
+        )
+    return CauseCheck(audited, true, off, "\n".join(lines) + "\n")

@@ -7,7 +7,11 @@ Output directory:
 - `truth.csv`: GPU-seconds per team and category in the window (`(platform)` carries
   unallocated time and unobserved time of unheld cards);
 - `truth_detail.csv`: the same per GPU and pod, to find where an audit disagrees;
-- `scenario.json`: the window, the seed, the knobs, the GPUs and the sampler outages.
+- `scenario.json`: the window, the seed, the knobs, the GPUs and the sampler outages;
+- SPEC §10's causes: `signals.om.txt` (cAdvisor, dcgm-exporter and vLLM series in
+  OpenMetrics, `auditor.simulate.signals`), `nodes.json` (`kubectl get nodes -o json`, one
+  node cordoned), `pods-watch.json` (the waiting pods Pending, `auditor.simulate.demand`)
+  and `truth_causes.csv` (GPU-seconds per team, category and cause).
 
 Everything follows from the scenario's seed through independent random streams (plan,
 identifiers, timestamps, outages, utilisation, telemetry), with no clock and no other input.
@@ -16,6 +20,7 @@ identifiers, timestamps, outages, utilisation, telemetry), with no clock and no 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,22 +28,41 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from auditor.model import CATEGORIES, PLATFORM_TEAM, Window
+from auditor.model import CATEGORIES, PLATFORM_TEAM, WasteCategory, Window
 from auditor.settings import Thresholds
 from auditor.simulate import catalogue
+from auditor.simulate.demand import (
+    Cordon,
+    Wait,
+    free_cause_truth,
+    plan_cordon,
+    plan_waits,
+    scheduler_message,
+)
 from auditor.simulate.placement import Occupancy, Zone, first_fit, place
 from auditor.simulate.plan import Ending, GangPlan, Label, Namer, Owner, PodPlan, Profile
 from auditor.simulate.scenario import TEAMS, Scenario
+from auditor.simulate.signals import (
+    FREE_CAUSES,
+    IDLE_CAUSES,
+    Signals,
+    idle_cause_truth,
+    plan_signals,
+)
 from auditor.simulate.telemetry import derive
-from auditor.simulate.truth import NO_POD, Tenure, card_truth, straggler_points
+from auditor.simulate.truth import NO_POD, Pieces, Tenure, card_pieces, straggler_points, summed
 from auditor.simulate.utilisation import Frames, Grid, fill_gang
 from auditor.simulate.writers import (
     NodeGpus,
     PodContext,
+    node_object,
     pod_object,
     rfc3339,
+    write_node_list,
     write_nvidia_smi,
+    write_openmetrics,
     write_pod_list,
+    write_watch_events,
 )
 
 OUTAGE_MARGIN_S = 300
@@ -74,6 +98,20 @@ class SimulationResult:
     now_ms: int
     samples: int
     outages: list[Outage] = field(default_factory=list)
+    signals: Signals | None = None
+    """The scraped readings behind SPEC §10's causes (`auditor.simulate.signals`)."""
+    signals_om: Path | None = None
+    """`signals.om.txt`: the same readings as cAdvisor, dcgm-exporter and vLLM series."""
+    truth_causes: pd.DataFrame | None = None
+    """team, category, cause, gpu_seconds: the causes inside `compute_idle` (per team) and
+    `unallocated` (`(platform)`)."""
+    truth_causes_csv: Path | None = None
+    nodes_json: Path | None = None
+    """`kubectl get nodes -o json` at the snapshot (one node cordoned, `cordon`)."""
+    watch_json: Path | None = None
+    """`kubectl get pods --watch --output-watch-events`: the waiting pods Pending."""
+    cordon: Cordon | None = None
+    waits: list[Wait] = field(default_factory=list)
 
 
 def _node_name(scenario: Scenario, node: int) -> str:
@@ -163,7 +201,11 @@ def _bystanders(scenario: Scenario, namer: Namer) -> list[tuple[PodPlan, int]]:
 
 
 def _pod_objects(
-    scenario: Scenario, gpu_pods: list[PodPlan], pending: list[PodPlan], namer: Namer
+    scenario: Scenario,
+    gpu_pods: list[PodPlan],
+    pending: list[PodPlan],
+    namer: Namer,
+    messages: dict[str, str],
 ) -> list[dict[str, Any]]:
     objects = []
     version = 4_100_000
@@ -181,16 +223,13 @@ def _pod_objects(
         objects.append(pod_object(pod, ctx, namer))
     for pod in pending:
         version += 1
-        n = scenario.nodes
         ctx = PodContext(
             node_name=None,
             host_ip="",
             pod_ip="",
             resource_version=version,
             now_ms=scenario.end_ms,
-            unschedulable=f"0/{n} nodes are available: {n} Insufficient "
-            f"nvidia.com/gpu. preemption: 0/{n} nodes are available: "
-            f"{n} No preemption victims found for incoming pod.",
+            unschedulable=messages[pod.uid],
         )
         objects.append(pod_object(pod, ctx, namer))
     return objects
@@ -207,7 +246,9 @@ def _truth(
     frames: Frames,
     strag: np.ndarray,
     uuids: list[str],
+    pieces: list[Pieces],
 ) -> pd.DataFrame:
+    """Per card and pod, GPU-seconds per category; each card's `Pieces` go to `pieces`."""
     g = scenario.gpus_per_node
     tenures: dict[int, list[Tenure]] = {}
     for j, (pod, gang) in enumerate(zip(pods, gang_of, strict=True)):
@@ -227,7 +268,7 @@ def _truth(
             )
     parts = []
     for c in range(scenario.total_gpus):
-        pod_idx, cat_idx, secs = card_truth(
+        got = card_pieces(
             ts=ts[c],
             present=present[c],
             util=frames.util[c],
@@ -237,6 +278,8 @@ def _truth(
             window=Window(scenario.start_ms, scenario.end_ms),
             thresholds=Thresholds(),
         )
+        pieces.append(got)
+        pod_idx, cat_idx, secs = summed(got)
         parts.append(pd.DataFrame({"card": c, "pod": pod_idx, "cat": cat_idx, "sec": secs}))
     raw = pd.concat(parts, ignore_index=True)
     none = PodPlan(
@@ -273,6 +316,59 @@ def _team_table(detail: pd.DataFrame) -> pd.DataFrame:
     return sums.reindex(index, fill_value=0.0).rename("gpu_seconds").reset_index()
 
 
+def _node_objects(scenario: Scenario, cordon: Cordon | None, namer: Namer) -> list[dict[str, Any]]:
+    """`kubectl get nodes -o json` at the snapshot: GPU feature discovery's labels, the
+    cordoned node unschedulable since its cordon."""
+    created = scenario.data_start_ms - 40 * 86_400_000
+    product = scenario.gpu_model.removeprefix("NVIDIA ").replace(" ", "-")
+    return [
+        node_object(
+            _node_name(scenario, n),
+            labels={
+                "nvidia.com/gpu.count": str(scenario.gpus_per_node),
+                "nvidia.com/gpu.present": "true",
+                "nvidia.com/gpu.product": f"NVIDIA-{product}",
+                "nvidia.com/gpu.memory": str(scenario.memory_total_mib),
+            },
+            resources={"nvidia.com/gpu": str(scenario.gpus_per_node)},
+            created_ms=created,
+            uid=namer.uid(),
+            cordoned_ms=cordon.start_ms if cordon is not None and cordon.node == n else None,
+        )
+        for n in range(scenario.nodes)
+    ]
+
+
+def _wait_events(
+    scenario: Scenario, waits: list[Wait], messages: dict[str, str]
+) -> list[tuple[str, dict[str, Any]]]:
+    """The watch stream of the waits: each waiting pod ADDED Pending, Unschedulable, with
+    the scheduler's message (its binding and the rest are in the final `pods.json`)."""
+    namer = Namer(np.random.default_rng(0))  # a Pending pod's object draws nothing from it
+    events = []
+    for i, w in enumerate(sorted(waits, key=lambda w: (w.start_ms, w.pod.uid))):
+        ctx = PodContext(
+            node_name=None,
+            host_ip="",
+            pod_ip="",
+            resource_version=4_000_000 + i,
+            now_ms=w.start_ms + 1000,
+            unschedulable=messages[w.pod.uid],
+        )
+        events.append(("ADDED", pod_object(w.pod, ctx, namer)))
+    return events
+
+
+def _cause_table(idle: pd.DataFrame, pods: list[PodPlan], teams: list[str]) -> pd.DataFrame:
+    """Every team × cause of `compute_idle`, GPU-seconds (0 where none)."""
+    team = [pods[int(j)].team for j in idle["pod"]]
+    sums = idle.assign(team=team).groupby(["team", "cause"])["sec"].sum()
+    index = pd.MultiIndex.from_product([teams, list(IDLE_CAUSES)], names=["team", "cause"])
+    table = sums.reindex(index, fill_value=0.0).rename("gpu_seconds").reset_index()
+    table.insert(1, "category", WasteCategory.COMPUTE_IDLE.value)
+    return table
+
+
 def simulate(out_dir: Path, *, scenario: Scenario) -> SimulationResult:
     """Generate `scenario` into `out_dir` (created if missing); deterministic in the seed."""
     streams = np.random.SeedSequence(scenario.seed).spawn(6)
@@ -306,6 +402,28 @@ def simulate(out_dir: Path, *, scenario: Scenario) -> SimulationResult:
     for pod in [*pods, *pending]:
         pod.uid = namer.uid()
     first_fit(pods, gpus_per_node=scenario.gpus_per_node)
+    # SPEC §10's free-card story: a cordon placed where nothing binds any more, and the pods
+    # that waited; from a stream of their own, so nothing else changes with them
+    r_dem = np.random.default_rng(np.random.SeedSequence(scenario.seed, spawn_key=(7,)))
+    waits = plan_waits(pods, gang_of, pending, end_ms=end)
+    cordon = plan_cordon(
+        pods,
+        nodes=scenario.nodes,
+        gpus_per_node=scenario.gpus_per_node,
+        window=(scenario.start_ms, end),
+        not_before_ms=max((w.start_ms + 60_000 for w in waits), default=scenario.start_ms),
+    )
+    messages = {
+        w.pod.uid: scheduler_message(
+            w.gpus,
+            w.start_ms + 1000,
+            pods=pods,
+            nodes=scenario.nodes,
+            gpus_per_node=scenario.gpus_per_node,
+            cordon=cordon,
+        )
+        for w in waits
+    }
 
     grid = Grid(data_start, scenario.period_ms, (end - data_start) // scenario.period_ms)
     ts = _timestamps(scenario, grid, r_time)
@@ -336,6 +454,7 @@ def simulate(out_dir: Path, *, scenario: Scenario) -> SimulationResult:
     tele = derive(frames, r_tele)
 
     uuids = [namer.gpu_uuid() for _ in range(scenario.total_gpus)]
+    pieces: list[Pieces] = []
     detail = _truth(
         scenario=scenario,
         pods=pods,
@@ -346,8 +465,47 @@ def simulate(out_dir: Path, *, scenario: Scenario) -> SimulationResult:
         frames=frames,
         strag=strag,
         uuids=uuids,
+        pieces=pieces,
     )
     truth = _team_table(detail)
+    # SPEC §10's signals come from a stream of their own: nothing above changes with them
+    r_sig = np.random.default_rng(np.random.SeedSequence(scenario.seed, spawn_key=(6,)))
+    signals = plan_signals(
+        pods=pods,
+        gang_of=gang_of,
+        label=frames.label,
+        grid=grid,
+        gpus_per_node=g,
+        nodes=[_node_name(scenario, n) for n in range(scenario.nodes)],
+        uuids=uuids,
+        gpu_model=scenario.gpu_model,
+        end_ms=end,
+        rng=r_sig,
+    )
+    idle_causes = idle_cause_truth(pieces=pieces, signals=signals, pods=pods, uuids=uuids)
+    teams = list(truth["team"].drop_duplicates())
+    truth_causes = _cause_table(idle_causes, pods, [t for t in teams if t != PLATFORM_TEAM])
+    free_causes = free_cause_truth(
+        pieces=pieces,
+        gpus_per_node=g,
+        cordon=cordon,
+        waits=waits,
+        window=(scenario.start_ms, end),
+    )
+    truth_causes = pd.concat(
+        [
+            truth_causes,
+            pd.DataFrame(
+                {
+                    "team": PLATFORM_TEAM,
+                    "category": WasteCategory.UNALLOCATED.value,
+                    "cause": list(FREE_CAUSES),
+                    "gpu_seconds": [free_causes[c] for c in FREE_CAUSES],
+                }
+            ),
+        ],
+        ignore_index=True,
+    )
 
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "nodes").mkdir(exist_ok=True)
@@ -369,11 +527,20 @@ def simulate(out_dir: Path, *, scenario: Scenario) -> SimulationResult:
         )
         node_csvs[name] = path
     pods_json = out_dir / "pods.json"
-    write_pod_list(pods_json, _pod_objects(scenario, pods, pending, namer))
+    write_pod_list(pods_json, _pod_objects(scenario, pods, pending, namer, messages))
+    nodes_json = out_dir / "nodes.json"
+    write_node_list(nodes_json, _node_objects(scenario, cordon, Namer(r_dem)))
+    os.utime(nodes_json, (end / 1000, end / 1000))  # kubectl wrote it at the snapshot
+    watch_json = out_dir / "pods-watch.json"
+    write_watch_events(watch_json, _wait_events(scenario, waits, messages))
     truth_csv = out_dir / "truth.csv"
     truth.to_csv(truth_csv, index=False, float_format="%.3f", lineterminator="\n")
     detail_csv = out_dir / "truth_detail.csv"
     detail.to_csv(detail_csv, index=False, float_format="%.3f", lineterminator="\n")
+    causes_csv = out_dir / "truth_causes.csv"
+    truth_causes.to_csv(causes_csv, index=False, float_format="%.3f", lineterminator="\n")
+    signals_om = out_dir / "signals.om.txt"
+    write_openmetrics(signals_om, signals.families, counters=signals.counters, precise=True)
 
     assignments = pd.DataFrame(
         [
@@ -437,4 +604,12 @@ def simulate(out_dir: Path, *, scenario: Scenario) -> SimulationResult:
         now_ms=end,
         samples=samples,
         outages=outage_records,
+        signals=signals,
+        signals_om=signals_om,
+        truth_causes=truth_causes,
+        truth_causes_csv=causes_csv,
+        nodes_json=nodes_json,
+        watch_json=watch_json,
+        cordon=cordon,
+        waits=waits,
     )

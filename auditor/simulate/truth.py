@@ -56,6 +56,30 @@ def straggler_points(
     return np.where(active & (gap > tolerance), gap, 0.0).astype(np.float32)
 
 
+@dataclass(frozen=True, slots=True)
+class Pieces:
+    """One card's time, unsummed: per piece its start (ms), length (ms), pod index (-1:
+    none), category index and seconds. A piece is an elementary interval (between samples,
+    coverage ends, tenure boundaries and caps) and one category of it; an interval's busy,
+    straggler and idle parts are pieces with the same start and length."""
+
+    start_ms: np.ndarray
+    length_ms: np.ndarray
+    pod: np.ndarray
+    cat: np.ndarray
+    seconds: np.ndarray
+
+    def of(self, category: WasteCategory) -> Pieces:
+        keep = self.cat == CAT[category]
+        return Pieces(
+            self.start_ms[keep],
+            self.length_ms[keep],
+            self.pod[keep],
+            self.cat[keep],
+            self.seconds[keep],
+        )
+
+
 def card_truth(
     *,
     ts: np.ndarray,
@@ -68,10 +92,44 @@ def card_truth(
     thresholds: Thresholds,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(pod index or -1, category index, seconds) for one card, summed per pod and category."""
+    got = card_pieces(
+        ts=ts,
+        present=present,
+        util=util,
+        label=label,
+        strag=strag,
+        tenures=tenures,
+        window=window,
+        thresholds=thresholds,
+    )
+    return summed(got)
+
+
+def summed(got: Pieces) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(pod index or -1, category index, seconds) of pieces, summed per pod and category."""
+    key = (got.pod + 1) * len(CATEGORIES) + got.cat
+    keys, inverse = np.unique(key, return_inverse=True)
+    sums = np.bincount(inverse, weights=got.seconds)
+    return keys // len(CATEGORIES) - 1, keys % len(CATEGORIES), sums
+
+
+def card_pieces(
+    *,
+    ts: np.ndarray,
+    present: np.ndarray,
+    util: np.ndarray,
+    label: np.ndarray,
+    strag: np.ndarray,
+    tenures: list[Tenure],
+    window: Window,
+    thresholds: Thresholds,
+) -> Pieces:
+    """Every piece of one card's time in the window (`Pieces`), by SPEC §3's arithmetic."""
     t = ts[present].astype(np.float64)
     if t.size == 0:
         empty = np.zeros(0)
-        return empty.astype(np.int64), empty.astype(np.int64), empty
+        ints = empty.astype(np.int64)
+        return Pieces(empty, empty, ints, ints, empty)
     u = util[present] / 100.0
     lab = label[present]
     st = strag[present] / 100.0
@@ -119,11 +177,16 @@ def card_truth(
     cat_rows: list[np.ndarray] = []
     pod_rows: list[np.ndarray] = []
     sec_rows: list[np.ndarray] = []
+    start_rows: list[np.ndarray] = []
+    len_rows: list[np.ndarray] = []
+    length = np.diff(points)
 
     def add(mask: np.ndarray, category: WasteCategory, amount: np.ndarray) -> None:
         cat_rows.append(np.full(int(mask.sum()), CAT[category]))
         pod_rows.append(owner[mask])
         sec_rows.append(amount[mask])
+        start_rows.append(a[mask])
+        len_rows.append(length[mask])
 
     add(~covered, WasteCategory.UNOBSERVED, seconds)
     add(covered & ~held, WasteCategory.UNALLOCATED, seconds)
@@ -147,10 +210,10 @@ def card_truth(
     add(is_trail & before, WasteCategory.TEARDOWN, rest)
     add(is_trail & ~before, WasteCategory.RESERVED_IDLE, rest)
 
-    cats = np.concatenate(cat_rows)
-    pods = np.concatenate(pod_rows)
-    secs = np.concatenate(sec_rows)
-    key = (pods + 1) * len(CATEGORIES) + cats
-    keys, inverse = np.unique(key, return_inverse=True)
-    sums = np.bincount(inverse, weights=secs)
-    return keys // len(CATEGORIES) - 1, keys % len(CATEGORIES), sums
+    return Pieces(
+        start_ms=np.concatenate(start_rows),
+        length_ms=np.concatenate(len_rows),
+        pod=np.concatenate(pod_rows),
+        cat=np.concatenate(cat_rows),
+        seconds=np.concatenate(sec_rows),
+    )

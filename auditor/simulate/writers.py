@@ -397,9 +397,12 @@ def node_object(
     created_ms: int,
     uid: str,
     annotations: dict[str, str] | None = None,
+    cordoned_ms: int | None = None,
 ) -> dict[str, Any]:
     """A Node as `kubectl get nodes -o json` shows it: labels (GPU feature discovery's,
-    the sharing labels of SPEC §7) and the GPU resources in capacity and allocatable."""
+    the sharing labels of SPEC §7) and the GPU resources in capacity and allocatable; a node
+    cordoned (`kubectl cordon`) since `cordoned_ms` is unschedulable and carries the taint
+    the node controller adds, stamped with that time."""
     base = {"cpu": "96", "ephemeral-storage": "1843269236Ki", "memory": "1056462628Ki"}
     base["pods"] = "110"
     metadata: dict[str, Any] = {
@@ -422,7 +425,18 @@ def node_object(
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": metadata,
-        "spec": {},
+        "spec": {}
+        if cordoned_ms is None
+        else {
+            "taints": [
+                {
+                    "effect": "NoSchedule",
+                    "key": "node.kubernetes.io/unschedulable",
+                    "timeAdded": rfc3339(cordoned_ms),
+                }
+            ],
+            "unschedulable": True,
+        },
         "status": {
             "allocatable": {**base, **resources},
             "capacity": {**base, **resources},
@@ -466,22 +480,41 @@ class Series:
     values: np.ndarray
 
 
-def write_openmetrics(path: Path, families: dict[str, list[Series]]) -> int:
-    """Gauges as OpenMetrics text, the input of `promtool tsdb create-blocks-from
-    openmetrics`: each family's series together, samples in time order, `# EOF` last.
+def write_openmetrics(
+    path: Path,
+    families: dict[str, list[Series]],
+    *,
+    counters: frozenset[str] = frozenset(),
+    precise: bool = False,
+) -> int:
+    """Gauges (and the `counters` families, whose samples are `<family>_total`) as
+    OpenMetrics text, the input of `promtool tsdb create-blocks-from openmetrics`: each
+    family's series together, samples in time order, `# EOF` last. Values have 6 significant
+    digits, or as many as round-trip where `precise` (a counter's rate needs them all).
     Returns the sample lines written."""
     lines = 0
     with path.open("w", encoding="utf-8") as out:
         for name, series in families.items():
-            out.write(f"# TYPE {name} gauge\n")
+            kind = "counter" if name in counters else "gauge"
+            sample = f"{name}_total" if kind == "counter" else name
+            out.write(f"# TYPE {name} {kind}\n")
             for one in series:
                 labels = ",".join(f'{k}="{v}"' for k, v in one.labels.items())
-                head = f"{name}{{{labels}}} "
-                body = [
-                    f"{head}{v:.6g} {t}\n"
-                    for t, v in zip(one.times_s.tolist(), one.values.tolist(), strict=True)
-                ]
+                head = f"{sample}{{{labels}}} "
+                pairs = zip(one.times_s.tolist(), one.values.tolist(), strict=True)
+                if precise:
+                    body = [f"{head}{v!r} {t!r}\n" for t, v in pairs]
+                else:
+                    body = [f"{head}{v:.6g} {t}\n" for t, v in pairs]
                 out.writelines(body)
                 lines += len(body)
         out.write("# EOF\n")
     return lines
+
+
+def write_watch_events(path: Path, events: list[tuple[str, dict[str, Any]]]) -> None:
+    """`kubectl get pods -A -o json --watch --output-watch-events`: each event an indented
+    JSON object `{"type": ..., "object": ...}`, back to back, keys sorted."""
+    with path.open("w", encoding="utf-8") as out:
+        for kind, obj in events:
+            out.write(json.dumps({"object": obj, "type": kind}, indent=4, sort_keys=True) + "\n")

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from sqlalchemy import Connection, and_, delete, insert, or_, select
+from sqlalchemy import Connection, and_, bindparam, delete, insert, or_, select
 
 from auditor.classify.causes import CARD_SIGNALS, POD_SIGNALS
 from auditor.model import Window
@@ -38,13 +38,10 @@ def _replace(
     if not rows:
         return 0
     unique = sorted({tuple(r[k] for k in keys) for r in rows})
-    for i in range(0, len(unique), _CHUNK):
-        conn.execute(
-            delete(table).where(
-                or_(*(and_(*(table.c[k] == v for k, v in zip(keys, key, strict=True)))
-                      for key in unique[i : i + _CHUNK]))
-            )
-        )  # fmt: skip
+    # one statement, executed per key: building an OR of every key as an expression cost
+    # seconds per 100 000 rows
+    gone = delete(table).where(and_(*(table.c[k] == bindparam(f"key_{k}") for k in keys)))
+    conn.execute(gone, [{f"key_{k}": v for k, v in zip(keys, key, strict=True)} for key in unique])
     for i in range(0, len(rows), 5000):
         conn.execute(insert(table), list(rows[i : i + 5000]))
     return len(rows)

@@ -41,10 +41,15 @@ METRIC = re.compile(r"^(\w+)\{(.*)\} (\S+) (\d+)$")
 LABEL = re.compile(r'(\w+)="([^"]*)"')
 
 
-def _digest(root: Path) -> str:
+CAUSE_FILES = frozenset({"signals.om.txt", "truth_causes.csv", "nodes.json", "pods-watch.json"})
+"""Files the whole-card presets write since they simulate SPEC §10's causes, on a random
+stream of their own: every file written before stays byte-identical, which the digests pin."""
+
+
+def _digest(root: Path, *, skip: frozenset[str] = frozenset()) -> str:
     h = hashlib.sha256()
     for p in sorted(root.rglob("*")):
-        if p.is_file():
+        if p.is_file() and str(p.relative_to(root)) not in skip:
             h.update(str(p.relative_to(root)).encode())
             h.update(p.read_bytes())
     return h.hexdigest()
@@ -63,7 +68,7 @@ def shared(tmp_path_factory: pytest.TempPathFactory) -> SharedResult:
 @pytest.mark.parametrize("name", ["small", pytest.param("demo", marks=pytest.mark.slow)])
 def test_whole_card_presets_are_byte_identical(tmp_path: Path, name: str) -> None:
     simulate(tmp_path, scenario=SCENARIOS[name])
-    assert _digest(tmp_path) == WHOLE_CARD_DIGESTS[name]
+    assert _digest(tmp_path, skip=CAUSE_FILES) == WHOLE_CARD_DIGESTS[name]
 
 
 def test_shared_preset_is_deterministic(tmp_path: Path, shared: SharedResult) -> None:
