@@ -509,6 +509,14 @@ def test_what_holds_data_is_kept_on_uninstall() -> None:
             assert obj["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
 
 
+def test_the_sampler_can_be_left_out() -> None:
+    objs = objects("postgres", "sampler.enabled=false")
+    kinds = {o["kind"] for o in objs}
+    assert "DaemonSet" not in kinds
+    assert "PriorityClass" not in kinds
+    assert {o["kind"] for o in objects("postgres")} - kinds == {"DaemonSet", "PriorityClass"}
+
+
 def test_namespaces_created_elsewhere_are_left_alone() -> None:
     objs = objects("postgres", "namespaces.create=false")
     assert not [o for o in objs if o["kind"] == "Namespace"]
