@@ -33,6 +33,8 @@ HELM_BIN = ROOT / ".tools" / "helm" / "bin"
 RELEASE = "auditor"
 CASES = sorted(p.name.removesuffix("-values.yaml") for p in (CHART / "ci").glob("*-values.yaml"))
 WORKLOADS = ("Deployment", "DaemonSet", "StatefulSet", "Job", "CronJob")
+# the optional objects: observability and the finance export to an object store
+OBSERVABLE = ("observability.enabled=true", "finance.objectStore.enabled=true")
 CRD_KINDS = {"ServiceMonitor": "servicemonitors", "PrometheusRule": "prometheusrules"}
 # manifests/<name>.yaml: the case it is rendered from, and extra `--set`s
 GENERATED: dict[str, tuple[str, tuple[str, ...]]] = {

@@ -27,6 +27,7 @@ from chart import (
     CHART,
     CRD_KINDS,
     MANIFESTS,
+    OBSERVABLE,
     ROOT,
     generated,
     helm,
@@ -132,19 +133,32 @@ def test_the_observability_manifest_only_adds_objects() -> None:
 
 
 def test_every_case_validates_strictly(tmp_path: Path) -> None:
-    """One run of kubernetes-validate over every case, against the oldest supported
-    Kubernetes and the newest; the Prometheus Operator's kinds are checked against their
-    CRDs in test_observability.py."""
+    """kubernetes-validate over every case, as it is and with the observability objects and
+    the object store (each distinct object once), against the oldest supported Kubernetes
+    and the newest, both runs at once; the Prometheus Operator's kinds are checked against
+    their CRDs in test_observability.py."""
     paths = []
     for case in CASES:
+        seen: dict[str, dict[str, Any]] = {}
+        for obj in objects(case) + objects(case, *OBSERVABLE):
+            if obj["kind"] not in CRD_KINDS:
+                seen.setdefault(json.dumps(obj, sort_keys=True), obj)
         path = tmp_path / f"{case}.yaml"
-        core = [o for o in objects(case) if o["kind"] not in CRD_KINDS]
-        path.write_text(yaml.safe_dump_all(core))
+        path.write_text(yaml.safe_dump_all(list(seen.values())))
         paths.append(str(path))
-    for version in KUBERNETES:
-        pinned = ["-k", version] if version else []
-        out = _run(tool("kubernetes-validate"), "--strict", "--quiet", *pinned, *paths)
-        assert out.returncode == 0, out.stdout + out.stderr
+    validate = tool("kubernetes-validate")
+    runs = [
+        subprocess.Popen(
+            [validate, "--strict", "--quiet", *(["-k", v] if v else []), *paths],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for v in KUBERNETES
+    ]
+    for version, run in zip(KUBERNETES, runs, strict=True):
+        output, _ = run.communicate()
+        assert run.returncode == 0, f"Kubernetes {version or 'newest'}: {output}"
 
 
 def test_checkov_passes_every_case_with_every_skip_justified(tmp_path: Path) -> None:
