@@ -1,13 +1,14 @@
-"""manifests/components/observability (and finance-object-store) rendered offline and checked.
+"""The chart's observability objects (observability.enabled) and the finance object store
+(finance.objectStore), rendered offline and checked.
 
-What an operator relies on: each overlay renders with the components; the core objects
-validate strictly and the Prometheus Operator objects validate against the operator's
-published CRD schemas (vendored under tests/fixtures/crds/, made strict: an unknown or
-misspelt field fails); the ServiceMonitors find the watcher's and the sampler's metrics
-ports; the alerting rules pass `promtool check rules` and their unit tests (`promtool test
-rules`, tests/fixtures/promtool/); the Grafana dashboard is a ConfigMap the sidecar picks
-up, every panel's PromQL parses (`promtool check rules` on the panels as recording rules),
-and rules and dashboard name only metrics the auditor exports.
+What an operator relies on: every case renders with them; the core objects validate
+strictly and the Prometheus Operator objects validate against the operator's published CRD
+schemas (vendored under tests/fixtures/crds/, made strict: an unknown or misspelt field
+fails); the ServiceMonitors find the watcher's and the sampler's metrics ports and carry the
+labels a Prometheus selects them by; the alerting rules pass `promtool check rules` and
+their unit tests (`promtool test rules`, tests/fixtures/promtool/); the Grafana dashboard is
+a ConfigMap the sidecar picks up, every panel's PromQL parses (`promtool check rules` on the
+panels as recording rules), and rules and dashboard name only metrics the auditor exports.
 """
 
 from __future__ import annotations
@@ -25,13 +26,14 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
-from kustomized import OVERLAYS, ROOT, pod_template, render, tool
+from chart import CASES, CHART, CRD_KINDS, OBSERVABLE, objects, pod_template, values
 from prometheus_client import CollectorRegistry
 from test_network_policies import (
     ELSEWHERE,
+    Endpoint,
     cluster_of,
     connects,
-    database_of,
+    needs_of,
     problems,
     workloads_of,
 )
@@ -42,23 +44,8 @@ from auditor.agents.watch.metrics import WatchMetrics
 from auditor.jobs.metrics import READ_METRIC_NAMES
 from auditor.report.audit_metrics import AUDIT_METRIC_NAMES
 
-COMPONENTS = ROOT / "manifests" / "components"
-OBSERVABILITY = COMPONENTS / "observability"
+FILES = CHART / "files"
 FIXTURES = Path(__file__).parents[1] / "fixtures"
-CRD_KINDS = {"ServiceMonitor": "servicemonitors", "PrometheusRule": "prometheusrules"}
-
-
-def with_components(overlay: str, tmp: Path, *components: str) -> list[dict[str, Any]]:
-    """An overlay of one's own: a shipped overlay plus components, rendered."""
-    mine = tmp / f"{overlay}-{'-'.join(components)}"
-    mine.mkdir()
-    base = ROOT / "manifests" / "overlays" / overlay
-    parts = [os.path.relpath(COMPONENTS / c, mine) for c in components]
-    (mine / "kustomization.yaml").write_text(
-        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
-        f"resources: [{os.path.relpath(base, mine)}]\ncomponents: [{', '.join(parts)}]\n"
-    )
-    return [d for d in yaml.safe_load_all(render(mine)) if d]
 
 
 @cache
@@ -98,47 +85,20 @@ def the(objs: list[dict[str, Any]], kind: str, name: str | None = None) -> list[
     return [o for o in objs if o["kind"] == kind and name in (None, o["metadata"]["name"])]
 
 
-@pytest.mark.parametrize("overlay", OVERLAYS)
-def test_overlays_render_with_the_component_and_validate(overlay: str, tmp_path: Path) -> None:
-    objs = with_components(overlay, tmp_path, "observability", "finance-object-store")
-
-    assert len(the(objs, "ServiceMonitor")) == 2
-    assert len(the(objs, "PrometheusRule")) == 1
-    for obj in objs:
-        if obj["kind"] in CRD_KINDS:
-            assert crd_errors(obj) == [], obj["metadata"]["name"]
-    core = tmp_path / "core.yaml"
-    core.write_text(yaml.safe_dump_all([o for o in objs if o["kind"] not in CRD_KINDS]))
-    out = subprocess.run(
-        [tool("kubernetes-validate"), "--strict", "--quiet", str(core)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert out.returncode == 0, out.stdout + out.stderr
+def test_every_case_renders_with_observability_and_validates_against_the_crds() -> None:
+    """The Operator's objects against its CRDs; the others are validated strictly with the
+    rest in test_manifests.py."""
+    for case in CASES:
+        objs = objects(case, *OBSERVABLE)
+        assert len(the(objs, "ServiceMonitor")) == 2, case
+        assert len(the(objs, "PrometheusRule")) == 1, case
+        for obj in objs:
+            if obj["kind"] in CRD_KINDS:
+                assert crd_errors(obj) == [], (case, obj["metadata"]["name"])
 
 
-def test_checkov_passes_with_the_components(tmp_path: Path) -> None:
-    checkov = tool("checkov", ROOT / ".tools" / "bin" / "checkov")
-    path = tmp_path / "rendered.yaml"
-    objs = with_components("external-db", tmp_path, "observability", "finance-object-store")
-    path.write_text(yaml.safe_dump_all(objs))
-    out = subprocess.run(
-        [checkov, "--framework", "kubernetes", "-f", str(path), "--skip-download", "-o", "json"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    report = json.loads(out.stdout)
-    failed = [(c["check_id"], c["resource"]) for c in report["results"]["failed_checks"]]
-    assert failed == []
-    for check in report["results"]["skipped_checks"]:
-        reason = check["check_result"].get("suppress_comment") or ""
-        assert len(reason.split()) >= 5, f"{check['check_id']} on {check['resource']} unjustified"
-
-
-def test_the_strict_crd_schema_catches_a_misspelt_field(tmp_path: Path) -> None:
-    objs = with_components("postgres", tmp_path, "observability")
+def test_the_strict_crd_schema_catches_a_misspelt_field() -> None:
+    objs = objects("observability")
     (monitor,) = the(objs, "ServiceMonitor", "auditor-watcher")
     (rule,) = the(objs, "PrometheusRule")
 
@@ -149,8 +109,24 @@ def test_the_strict_crd_schema_catches_a_misspelt_field(tmp_path: Path) -> None:
     assert crd_errors(rule) != []
 
 
-def test_the_service_monitors_reach_the_metrics_ports(tmp_path: Path) -> None:
-    objs = with_components("external-db", tmp_path, "observability")
+def test_prometheus_finds_the_monitors_and_rule_by_its_label() -> None:
+    objs = objects("observability")
+    selected = values("observability")["observability"]["labels"]
+    assert selected == {"release": "kube-prometheus-stack"}
+    for obj in the(objs, "ServiceMonitor") + the(objs, "PrometheusRule"):
+        assert selected.items() <= obj["metadata"]["labels"].items()
+
+
+def test_the_rule_and_the_dashboard_can_be_left_out() -> None:
+    objs = objects("observability", "observability.prometheusRule.enabled=false",
+                   "observability.dashboard.enabled=false")  # fmt: skip
+    assert the(objs, "PrometheusRule") == []
+    assert the(objs, "ConfigMap", "auditor-grafana-dashboard") == []
+    assert len(the(objs, "ServiceMonitor")) == 2
+
+
+def test_the_service_monitors_reach_the_metrics_ports() -> None:
+    objs = objects("observability")
     pods = {
         o["metadata"]["labels"]["app.kubernetes.io/component"]: o
         for o in objs
@@ -179,18 +155,24 @@ def test_the_service_monitors_reach_the_metrics_ports(tmp_path: Path) -> None:
         assert endpoint["path"] == "/metrics"
 
 
-def test_the_dashboard_is_a_configmap_for_grafanas_sidecar(tmp_path: Path) -> None:
-    objs = with_components("postgres", tmp_path, "observability")
+def test_the_dashboard_is_a_configmap_for_grafanas_sidecar() -> None:
+    objs = objects("observability")
 
     (cm,) = the(objs, "ConfigMap", "auditor-grafana-dashboard")
 
     assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert cm["metadata"]["annotations"]["grafana_folder"] == "GPU"
     (body,) = cm["data"].values()
     dashboard = json.loads(body)
-    assert dashboard == json.loads((OBSERVABILITY / "dashboard.json").read_text())
+    assert dashboard == json.loads((FILES / "dashboard.json").read_text())
     titles = " | ".join(p["title"] for p in dashboard["panels"])
     for wanted in ("Fleet capacity", "by category", "wasted most", "Inferred mapping"):
         assert wanted in titles
+
+
+def test_the_rule_is_the_alerts_file() -> None:
+    (rule,) = the(objects("observability"), "PrometheusRule")
+    assert rule["spec"] == rule_groups()
 
 
 # --------------------------------------------------------------------- PromQL
@@ -206,14 +188,14 @@ def promtool() -> str:
 
 
 def rule_groups() -> dict[str, Any]:
-    doc = yaml.safe_load((OBSERVABILITY / "prometheusrule.yaml").read_text())
-    spec: dict[str, Any] = doc["spec"]
+    """The PrometheusRule's spec, as charts/auditor/files/alerts.yaml holds it."""
+    spec: dict[str, Any] = yaml.safe_load((FILES / "alerts.yaml").read_text())
     return spec
 
 
 def panel_queries() -> list[tuple[str, str]]:
     """(where, PromQL) of every panel target and query variable of the dashboard."""
-    dashboard = json.loads((OBSERVABILITY / "dashboard.json").read_text())
+    dashboard = json.loads((FILES / "dashboard.json").read_text())
     out = []
     for panel in dashboard["panels"]:
         for target in panel.get("targets", []):
@@ -339,30 +321,42 @@ def test_rules_and_dashboard_name_only_metrics_the_auditor_exports() -> None:
 # ------------------------------------------------------------ finance to an object store
 
 
-@pytest.mark.parametrize("overlay", OVERLAYS)
+@pytest.mark.parametrize("case", CASES)
 def test_the_finance_job_reaches_the_object_store_and_takes_its_url_from_config(
-    overlay: str, tmp_path: Path
+    case: str,
 ) -> None:
-    objs = with_components(overlay, tmp_path, "finance-object-store")
+    objs = objects(case, "finance.objectStore.enabled=true")
     cluster = cluster_of(objs)
     found = workloads_of(objs)
     (finance,) = [w for w in found if w.component == "finance"]
+    store = values(case)["finance"]["objectStore"]
 
-    assert connects(cluster, finance.pod, ELSEWHERE, port=443)
+    if store["cidrs"]:
+        inside = store["cidrs"][0].split("/")[0]
+        assert connects(cluster, finance.pod, Endpoint.outside(inside), port=443)
+        assert not connects(cluster, finance.pod, ELSEWHERE, port=443)
+    else:
+        assert connects(cluster, finance.pod, ELSEWHERE, port=443)
     # the documented trade-off: 443 to any address includes the API server's Service
-    # port (the finance pod mounts no token); narrow the policy to the object store
-    database = database_of(found)
+    # port (the finance pod mounts no token); narrow it with finance.objectStore.cidrs
+    needs = needs_of(case, found)
     for w in found:
         if w.component == "postgres":
             continue
-        got = problems(cluster, w, database=database)
-        assert got == (["API server allowed (TCP 443)"] if w is finance else []), w.name
+        got = problems(cluster, w, needs)
+        wide = w is finance and not store["cidrs"]
+        assert got == (["API server allowed (TCP 443)"] if wide else []), w.name
     (cron,) = the(objs, "CronJob", "auditor-finance")
     container = pod_template(cron)["spec"]["containers"][0]
     env = {e["name"]: e for e in container["env"]}
     ref = env["AUDITOR_FINANCE_OUT"]["valueFrom"]["configMapKeyRef"]
     (config,) = [c for c in the(objs, "ConfigMap") if c["metadata"]["name"] == ref["name"]]
-    assert config["data"][ref["key"]] == "/exports/finance-{week}.csv"
-    assert container["envFrom"] == [
-        {"secretRef": {"name": "auditor-object-store", "optional": True}}
-    ]
+    assert config["data"][ref["key"]] == values(case)["finance"]["out"]
+    assert container["envFrom"] == [{"secretRef": {"name": store["secretName"], "optional": True}}]
+
+
+def test_without_the_object_store_the_finance_job_has_no_credentials_nor_egress() -> None:
+    objs = objects("external-db")
+    (cron,) = the(objs, "CronJob", "auditor-finance")
+    assert "envFrom" not in pod_template(cron)["spec"]["containers"][0]
+    assert the(objs, "NetworkPolicy", "finance-object-store") == []

@@ -28,15 +28,13 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import pytest
 import yaml
+from chart import CHART, objects
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from promserver import PromServer, binaries, start_prometheus
 
 from auditor.agents.sample.metrics import SamplerMetrics
 from auditor.agents.sample.streaks import IdleStreaks
 from auditor.model import GpuSample, Holding
-
-ROOT = Path(__file__).resolve().parents[2]
-OBSERVABILITY = ROOT / "manifests" / "components" / "observability"
 
 SAMPLER_POD = {
     "__meta_kubernetes_namespace": "gpu-auditor-node",
@@ -53,15 +51,18 @@ class _Quiet(WSGIRequestHandler):
 
 
 def sampler_endpoint() -> dict[str, Any]:
-    docs = yaml.safe_load_all((OBSERVABILITY / "servicemonitors.yaml").read_text())
-    (monitor,) = [d for d in docs if d and d["metadata"]["name"] == "auditor-sampler"]
+    (monitor,) = [
+        o
+        for o in objects("observability")
+        if o["kind"] == "ServiceMonitor" and o["metadata"]["name"] == "auditor-sampler"
+    ]
     (endpoint,) = monitor["spec"]["endpoints"]
     return dict(endpoint)
 
 
 def rule_expr(alert: str) -> str:
-    rule = yaml.safe_load((OBSERVABILITY / "prometheusrule.yaml").read_text())
-    (found,) = [r for g in rule["spec"]["groups"] for r in g["rules"] if r.get("alert") == alert]
+    rule = yaml.safe_load((CHART / "files" / "alerts.yaml").read_text())
+    (found,) = [r for g in rule["groups"] for r in g["rules"] if r.get("alert") == alert]
     return str(found["expr"])
 
 
