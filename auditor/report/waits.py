@@ -12,6 +12,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from auditor.model import PLATFORM_TEAM
+
 WAIT_COLUMNS = ["queue_wait_gpu_hours", "queue_wait_message", "half_start_gpu_hours"]
 KEYS = ["team", "namespace", "job"]
 WAITED_SHOWN = 5
@@ -50,8 +52,12 @@ def job_waits(waits: pd.DataFrame, half_starts: pd.DataFrame, pods: pd.DataFrame
 def with_waits(rows: pd.DataFrame, waits: pd.DataFrame) -> pd.DataFrame:
     """`report --by job` rows with `WAIT_COLUMNS` (0 and null where a job did not wait),
     and a row for each job that only waited."""
-    merged = rows.merge(waits, on=KEYS, how="outer", indicator=True)
-    only = merged["_merge"] == "right_only"
+    merged = rows.merge(waits, on=KEYS, how="left")
+    only_waited = waits.merge(rows[KEYS], on=KEYS, how="left", indicator=True)
+    only_waited = only_waited[only_waited["_merge"] == "left_only"].drop(columns="_merge")
+    # the report's order kept, the jobs that only waited after theirs, the platform last
+    merged = pd.concat([merged, only_waited], ignore_index=True)
+    only = merged.index >= len(rows)
     numeric = [c for c in rows.columns if c not in KEYS and pd.api.types.is_numeric_dtype(rows[c])]
     hours = [c for c in numeric if c.endswith("_gpu_hours")]
     merged.loc[only, hours] = 0.0
@@ -59,7 +65,9 @@ def with_waits(rows: pd.DataFrame, waits: pd.DataFrame) -> pd.DataFrame:
         merged[col] = merged[col].fillna(0.0)
     merged["queue_wait_message"] = merged["queue_wait_message"].astype(object)
     merged.loc[merged["queue_wait_message"].isna(), "queue_wait_message"] = None
-    return merged.drop(columns="_merge").reset_index(drop=True)
+    platform_last = (merged["team"] == PLATFORM_TEAM).astype(int)
+    merged = merged.iloc[np.argsort(platform_last.to_numpy(), kind="stable")]
+    return merged.reset_index(drop=True)
 
 
 def longest_waits(waits: pd.DataFrame, *, top: int = WAITED_SHOWN) -> pd.DataFrame:

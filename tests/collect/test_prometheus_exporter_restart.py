@@ -26,6 +26,7 @@ from auditor import jobs
 from auditor.errors import InputError
 from auditor.jobs import import_prometheus, open_store
 from auditor.model import GpuRecord
+from auditor.report.causes import CAUSE_COLUMNS
 from auditor.report.summary import GroupBy
 from auditor.settings import Thresholds
 from auditor.store import migrate
@@ -84,7 +85,7 @@ def gpu_hours(url: str) -> dict[str, dict[str, float]]:
     jobs.audit(url, window=(START * 1000, END * 1000), thresholds=Thresholds())
     report = jobs.build_report(url, start_ms=None, end_ms=None, by=GroupBy.GPU, team=None)
     rows = report.rows.set_index("gpu")
-    hours = [c for c in rows.columns if c.endswith("_gpu_hours")]
+    hours = [c for c in rows.columns if c.endswith("_gpu_hours") and c not in CAUSE_COLUMNS]
     return {
         str(g): {c[:-10]: round(float(rows.loc[g, c]), 3) for c in hours if rows.loc[g, c]}
         for g in rows.index
