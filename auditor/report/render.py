@@ -18,6 +18,7 @@ from typing import Any
 import pandas as pd
 
 from auditor.model import CATEGORIES, Window
+from auditor.report.causes import FIRST_STEP, SPLITS
 from auditor.report.text import csv_cell, safe_lines, terminal_safe
 
 HOURS_DECIMALS = 4
@@ -155,8 +156,6 @@ def notes(report: Report) -> list[str]:
 def cause_lines(report: Report) -> list[tuple[str, str, float, float, str]]:
     """(category, cause, GPU-hours, share of the category, first step) of every cause with
     time, in the splits' order: what the causes table shows."""
-    from auditor.report.causes import FIRST_STEP, SPLITS
-
     out: list[tuple[str, str, float, float, str]] = []
     for category, names, _ in SPLITS:
         total = report.totals.get(f"{category}_gpu_hours", 0.0)
@@ -169,8 +168,6 @@ def cause_lines(report: Report) -> list[tuple[str, str, float, float, str]]:
 
 def no_signal_notes(report: Report) -> list[str]:
     """The sentences stating how much of each split rests on no recorded signal."""
-    from auditor.report.causes import SPLITS
-
     out: list[str] = []
     for category, _, fallback in SPLITS:
         share = report.causes.get(f"{category}_no_signal_share", math.nan)
