@@ -193,7 +193,11 @@ class _Holdings:
     tenures: pd.DataFrame
 
 
-def _read_holdings(conn: Connection) -> _Holdings:
+def _read_holdings(conn: Connection, *, target: str | None = None) -> _Holdings:
+    """Every pod and card, and the tenures of every pod, or with `target` only of the pods
+    on the nodes its gangs ran on (all that explaining it needs: its gangs' cards and their
+    other tenants)."""
+    from auditor.report.targets import resolve_target
     from auditor.store import reads
     from auditor.store.placement import held_tenures
     from auditor.store.rollup import rollup_span
@@ -201,7 +205,14 @@ def _read_holdings(conn: Connection) -> _Holdings:
     span = reads.sample_span(conn) or rollup_span(conn)
     now_ms = span[1] if span else int(time.time() * 1000)
     window = (span[0], now_ms) if span else (now_ms, now_ms)
-    pods, gpus, tenures = held_tenures(conn, now_ms=now_ms, window=window)
+    on_nodes = None
+    if target is not None:
+        pods = reads.read_pods(conn)
+        _, uids = resolve_target(pods, target)
+        gang = pods["gang"].fillna(pods["uid"])
+        mates = gang.isin(set(gang[pods["uid"].isin(uids)]))
+        on_nodes = set(pods.loc[mates, "node"].dropna().astype(str))
+    pods, gpus, tenures = held_tenures(conn, now_ms=now_ms, window=window, on_nodes=on_nodes)
     return _Holdings(pods, gpus, tenures)
 
 
@@ -214,7 +225,7 @@ def explain(url: str, target: str, *, thresholds: Thresholds, buckets: int = 600
     engine = open_store(url)
     try:
         with engine.connect() as conn:
-            held = _read_holdings(conn)
+            held = _read_holdings(conn, target=target)
             return _explain(conn, held, target, thresholds=thresholds, buckets=buckets)
     finally:
         engine.dispose()
@@ -227,12 +238,13 @@ def _explain(
 
     from auditor.classify.causes import multi_card_pods, split_compute_idle
     from auditor.classify.pipeline import classify
-    from auditor.jobs.audit import READ_MARGIN_MS
+    from auditor.classify.rollup import with_rolled
+    from auditor.jobs.audit import NEIGHBOUR_SAMPLES, READ_MARGIN_MS
     from auditor.report.explain import build_explanation
     from auditor.report.targets import resolve_target
     from auditor.report.timeline import bucketise
     from auditor.store import reads
-    from auditor.store.rollup import read_audit_samples
+    from auditor.store.rollup import read_rolled_card_samples
     from auditor.store.signals import read_card_signals, read_pod_signals
 
     label, uids = resolve_target(held.pods, target)
@@ -246,9 +258,14 @@ def _explain(
     g_lo, g_hi = int(gang["start_ms"].min()), int(gang["end_ms"].max())
     cards = set(gang["gpu"])
     ids = [int(i) for i, u in zip(held.gpus["id"], held.gpus["uuid"], strict=True) if u in cards]
-    samples = read_audit_samples(conn, start_ms=g_lo, end_ms=g_hi, gpu_ids=ids)
     uuid_of = {int(i): str(u) for i, u in zip(held.gpus["id"], held.gpus["uuid"], strict=True)}
-    activity = reads.read_tenant_util(conn, [(i, g_lo, g_hi) for i in ids], uuid_of)
+    wanted = [(i, g_lo, g_hi) for i in ids]
+    # read as the audit reads a card (its hot path, and the same neighbours at the edges)
+    samples = with_rolled(
+        reads.read_card_samples(conn, wanted, uuid_of, neighbours=NEIGHBOUR_SAMPLES),
+        read_rolled_card_samples(conn, wanted),
+    )
+    activity = reads.read_tenant_util(conn, wanted, uuid_of)
     # the other tenants of a shared card decide the target's part of it (SPEC §7)
     on_cards = tenures[tenures["gpu"].isin(cards) & ~tenures.index.isin(gang.index)]
     context = pd.concat([gang, on_cards]) if len(on_cards) else gang

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING
 from auditor.classify.tenures import GPU_GROUP, GPU_NAMED, MemoryInUse
 
 if TYPE_CHECKING:
+    from collections.abc import Collection
+
     import pandas as pd
     from sqlalchemy import Connection
 
@@ -96,12 +98,21 @@ def memory_in_use(
 
 
 def held_tenures(
-    conn: Connection, *, now_ms: int, window: tuple[int, int]
+    conn: Connection,
+    *,
+    now_ms: int,
+    window: tuple[int, int],
+    on_nodes: Collection[str] | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(pods, gpus, tenures) as every reader of history places them: the stored exact
     mappings, then Run:ai's links and the cards' memory in use over `window`, then the
     documented first fit (`auditor.classify.tenures`). The audit, `explain` and `whatif`
-    read holdings through this, so that they place every pod alike."""
+    read holdings through this, so that they place every pod alike.
+
+    `on_nodes`: only the tenures of pods on these nodes (every pod is still returned). A
+    pod is placed among its own node's cards, from its node's pods and evidence alone (over
+    the same evidence window), so its tenures are the same as with every node read; only
+    those nodes' memory is read."""
     from auditor.classify.tenures import build_tenures
     from auditor.store import reads
 
@@ -110,14 +121,15 @@ def held_tenures(
     assignments = reads.read_assignments(conn)
     nodes = reads.read_nodes(conn)
     pods = with_runai_links(conn, pods)
+    placed = pods if on_nodes is None else pods[pods["node"].isin(list(on_nodes))]
     in_use = memory_in_use(
         conn,
         gpus,
-        pods,
+        placed,
         assignments,
         window=evidence_window(conn, pods, assignments, window=window),
     )
-    tenures = build_tenures(pods, gpus, assignments, now_ms=now_ms, nodes=nodes, in_use=in_use)
+    tenures = build_tenures(placed, gpus, assignments, now_ms=now_ms, nodes=nodes, in_use=in_use)
     return pods, gpus, tenures
 
 
