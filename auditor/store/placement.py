@@ -5,6 +5,7 @@ and annotations of Run:ai pods only), and the memory in use of the cards a guess
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from auditor.classify.tenures import GPU_GROUP, GPU_NAMED, MemoryInUse
@@ -96,12 +97,20 @@ def memory_in_use(
 
 
 def held_tenures(
-    conn: Connection, *, now_ms: int, window: tuple[int, int]
+    conn: Connection,
+    *,
+    now_ms: int,
+    window: tuple[int, int],
+    memory: Callable[[tuple[int, int]], MemoryInUse] | None = None,
+    first_ms: int | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(pods, gpus, tenures) as every reader of history places them: the stored exact
     mappings, then Run:ai's links and the cards' memory in use over `window`, then the
     documented first fit (`auditor.classify.tenures`). The audit, `explain` and `whatif`
-    read holdings through this, so that they place every pod alike."""
+    read holdings through this, so that they place every pod alike.
+
+    Where the samples are not stored (an audit from the metrics store), `memory` gives the
+    cards' memory in use over an evidence window and `first_ms` the first sample's time."""
     from auditor.classify.tenures import build_tenures
     from auditor.store import reads
 
@@ -110,12 +119,11 @@ def held_tenures(
     assignments = reads.read_assignments(conn)
     nodes = reads.read_nodes(conn)
     pods = with_runai_links(conn, pods)
-    in_use = memory_in_use(
-        conn,
-        gpus,
-        pods,
-        assignments,
-        window=evidence_window(conn, pods, assignments, window=window),
+    evidence = evidence_window(conn, pods, assignments, window=window, first_ms=first_ms)
+    in_use = (
+        memory_in_use(conn, gpus, pods, assignments, window=evidence)
+        if memory is None
+        else memory(evidence)
     )
     tenures = build_tenures(pods, gpus, assignments, now_ms=now_ms, nodes=nodes, in_use=in_use)
     return pods, gpus, tenures
@@ -125,7 +133,12 @@ ONSET_MARGIN_MS = 15 * 60_000
 
 
 def evidence_window(
-    conn: Connection, pods: pd.DataFrame, assignments: pd.DataFrame, *, window: tuple[int, int]
+    conn: Connection,
+    pods: pd.DataFrame,
+    assignments: pd.DataFrame,
+    *,
+    window: tuple[int, int],
+    first_ms: int | None = None,
 ) -> tuple[int, int]:
     """The stretch whose memory readings a guessed placement may use: back to the bound
     time of the earliest guessed pod that holds a card in `window` (so a day's audit and
@@ -139,7 +152,7 @@ def evidence_window(
     lo = window[0]
     if not live.empty:
         lo = min(lo, int(live["bound_ms"].min()) - ONSET_MARGIN_MS)
-    span = reads.sample_span(conn)
+    span = reads.sample_span(conn) if first_ms is None else (first_ms, first_ms)
     if span is not None:
         lo = max(lo, int(span[0]))
     return lo, window[1]
