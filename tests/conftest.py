@@ -8,16 +8,22 @@ pytest puts this directory on sys.path, as it holds conftest.py and no __init__.
 - `db_url`: parametrised over "sqlite" (a file in tmp_path) and "postgresql" (`pg_db_url`),
   so one test runs against both stores; the PostgreSQL case carries the `postgres` mark.
 - `engine`: an engine on a migrated store at `db_url`.
+
+VictoriaMetrics (tests/vmserver.py): `victoria_metrics`, one empty server for the session on
+loopback, started on first use (skipped where the binary is missing, failed under CI).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from pgserver import PgServer, new_database_name, start_server
 from sqlalchemy import Engine
+from vmserver import MISSING, VmServer, start_victoria_metrics
+from vmserver import binary as vm_binary
 
 from auditor.store import migrate
 from auditor.store.connection import make_engine
@@ -26,6 +32,19 @@ from auditor.store.connection import make_engine
 @pytest.fixture(scope="session")
 def pg_server() -> Iterator[PgServer]:
     server = start_server()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def victoria_metrics(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VmServer]:
+    if vm_binary() is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"{MISSING}: required under CI", pytrace=False)
+        pytest.skip(MISSING)
+    server = start_victoria_metrics(tmp_path_factory.mktemp("victoria-metrics"))
     try:
         yield server
     finally:

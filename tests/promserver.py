@@ -241,9 +241,12 @@ def backfill_text(text: str, data: Path) -> None:
         block.rename(data / block.name)
 
 
-def start_prometheus(data: Path, root: Path, *, config_text: str | None = None) -> PromServer:
+def start_prometheus(
+    data: Path, root: Path, *, config_text: str | None = None, flags: Sequence[str] = ()
+) -> PromServer:
     """Serve the TSDB at `data` (filled by `backfill`) on a free loopback port; with
-    `config_text`, that configuration (scrape jobs, rule files) instead of an empty one."""
+    `config_text`, that configuration (scrape jobs, rule files) instead of an empty one;
+    `flags`, more flags (`--query.max-samples=1000`)."""
     found = binaries()
     if isinstance(found, str):
         raise RuntimeError(found)
@@ -260,6 +263,7 @@ def start_prometheus(data: Path, root: Path, *, config_text: str | None = None) 
             "--storage.tsdb.retention.time=3650d",
             f"--web.listen-address=127.0.0.1:{port}",
             "--log.level=warn",
+            *flags,
         ],
         stdout=log,
         stderr=subprocess.STDOUT,

@@ -8,15 +8,29 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Annotated
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from auditor.cli.app import echo_err, emit, state, user_errors
-from auditor.cli.options import EndOption, OutOption, SinceOption, StartOption, ThresholdOption
+from auditor.cli.options import (
+    BasicAuthPasswordFileOption,
+    BasicAuthUserOption,
+    BearerTokenFileOption,
+    EndOption,
+    OutOption,
+    QueryTimeoutOption,
+    SinceOption,
+    StartOption,
+    ThresholdOption,
+)
 from auditor.errors import InputError
 from auditor.settings import Config
 from auditor.timespec import parse_day, parse_window
+
+if TYPE_CHECKING:
+    from auditor.jobs import AuditStats
 
 
 def _thresholds(config: Config, overrides: list[str]) -> Config:
@@ -62,10 +76,65 @@ def audit(
         ),
     ] = None,
     threshold: ThresholdOption = [],  # noqa: B006 - typer reads the default, never mutates it
+    samples_from: Annotated[
+        str | None,
+        typer.Option(
+            "--samples-from",
+            metavar="URL",
+            help="Read GPU samples straight from this Prometheus-compatible store "
+            "(Prometheus, Thanos Query, Mimir, VictoriaMetrics) instead of the database; "
+            "only cards, holdings and results are stored. Needs a window.",
+        ),
+    ] = None,
+    step: Annotated[
+        str,
+        typer.Option(
+            "--step", help="With --samples-from: dcgm-exporter's scrape interval (15s, 30s)."
+        ),
+    ] = "15s",
+    store_points: Annotated[
+        int | None,
+        typer.Option(
+            "--store-points",
+            min=1,
+            help="With --samples-from: raw points one query may ask for (default 200000); "
+            "keep it under the store's per-query sample limit.",
+        ),
+    ] = None,
+    store_chunk: Annotated[
+        str | None,
+        typer.Option(
+            "--store-chunk",
+            help="With --samples-from: the time one query covers (e.g. 1h); default from "
+            "--store-points. A query refused as too large is asked again over half the time.",
+        ),
+    ] = None,
+    bearer_token_file: BearerTokenFileOption = None,
+    basic_auth_user: BasicAuthUserOption = None,
+    basic_auth_password_file: BasicAuthPasswordFileOption = None,
+    timeout: QueryTimeoutOption = "60s",
+    node_label: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--node-label",
+            metavar="<str>",
+            help="With --samples-from: the label naming the node, as import prometheus "
+            "takes it; repeatable.",
+        ),
+    ] = None,
+    node: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--node",
+            metavar="KEY=NODE",
+            help="With --samples-from: the node of a GPU UUID or a Hostname; repeatable.",
+        ),
+    ] = None,
 ) -> None:
     """Classify every GPU-second of a window and store the run (re-running replaces it).
 
-    Without a window, audits all stored samples."""
+    Without a window, audits all stored samples. With --samples-from, reads the samples
+    from the cluster's metrics store instead, node by node, and stores none of them."""
     from auditor import jobs
 
     with user_errors():
@@ -76,9 +145,83 @@ def audit(
             window: tuple[int, int] | None = parse_day(day, now=datetime.now(UTC))
         else:
             window = parse_window(start, end, since)
+        if samples_from is not None:
+            _from_store(
+                samples_from,
+                window=window,
+                thresholds=config,
+                shard=parse_shard(shard),
+                step=step,
+                points=store_points,
+                chunk=store_chunk,
+                auth_files=(basic_auth_user, basic_auth_password_file, bearer_token_file),
+                timeout=timeout,
+                node_labels=node_label or None,
+                nodes=node or [],
+            )
+            return
         stats = jobs.audit(
             state.db_url, window=window, thresholds=config.thresholds, shard=parse_shard(shard)
         )
+    _said(stats)
+
+
+def _from_store(
+    url: str,
+    *,
+    window: tuple[int, int] | None,
+    thresholds: Config,
+    shard: tuple[int, int] | None,
+    step: str,
+    points: int | None,
+    chunk: str | None,
+    auth_files: tuple[str | None, Path | None, Path | None],
+    timeout: str,
+    node_labels: list[str] | None,
+    nodes: list[str],
+) -> None:
+    """`audit --samples-from URL`: the audit read straight from the metrics store."""
+    from auditor import jobs
+    from auditor.collect.prometheus import credentials
+    from auditor.redact import redact
+    from auditor.timespec import parse_duration
+
+    if window is None:
+        raise InputError(
+            "--samples-from needs a window: --start/--end, --since or --day", field="--start"
+        )
+    user, password_file, token_file = auth_files
+    clean, auth = credentials(url, user=user, password_file=password_file, token_file=token_file)
+    stats = jobs.audit_from_store(
+        state.db_url,
+        samples_from=clean,
+        window=window,
+        thresholds=thresholds.thresholds,
+        shard=shard,
+        auth=auth,
+        timeout_s=parse_duration(timeout, option="--timeout").total_seconds(),
+        step_s=parse_duration(step, option="--step").total_seconds(),
+        points=points,
+        chunk_s=None
+        if chunk is None
+        else parse_duration(chunk, option="--store-chunk").total_seconds(),
+        node_labels=node_labels,
+        nodes=jobs.parse_node_options(nodes),
+    )
+    typer.echo(
+        f"read {stats.points} samples of {stats.cards} GPUs from {redact(clean)} in "
+        f"{stats.queries} queries"
+        + (f" ({stats.shrunk} refused as too large, asked again smaller)" if stats.shrunk else "")
+    )
+    if stats.unresolved:
+        echo_err(
+            f"auditor: warning: {stats.unresolved} GPU -> pod spans name pods not in the "
+            "database: import the pods (or run the watcher), then audit again"
+        )
+    _said(stats.audit)
+
+
+def _said(stats: AuditStats) -> None:
     typer.echo(
         f"audit run {stats.run_id}: {stats.gpus} GPUs, {stats.samples} samples, "
         f"{stats.tenures} tenures in {stats.seconds:.1f}s"

@@ -17,6 +17,7 @@ from auditor.jobs.audit import (
 from auditor.jobs.common import BATCH_ROWS, ImportStats, open_store, raise_store_error
 from auditor.jobs.database import Revisions, db_current, db_upgrade
 from auditor.jobs.demo import SimulateStats, demo, simulate, truth_check
+from auditor.jobs.from_store import FromStoreStats, audit_from_store
 from auditor.jobs.imports import (
     PrometheusImportStats,
     import_nvidia_smi,
@@ -49,6 +50,7 @@ __all__ = [
     "BATCH_ROWS",
     "READ_MARGIN_MS",
     "AuditStats",
+    "FromStoreStats",
     "ImportStats",
     "OutputsImportStats",
     "PrometheusImportStats",
@@ -59,6 +61,7 @@ __all__ = [
     "SimulateStats",
     "WatchOptions",
     "audit",
+    "audit_from_store",
     "audit_parts",
     "build_report",
     "build_report_html",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -18,6 +18,22 @@ from auditor.settings import Thresholds
 if TYPE_CHECKING:
     import pandas as pd
     from sqlalchemy import Connection, Engine
+
+    from auditor.classify.tenures import MemoryInUse
+
+
+@dataclass(frozen=True)
+class SampleSource:
+    """Where an audit's samples come from when they are not stored (`auditor audit
+    --samples-from`): the span they cover, each card's memory in use over an evidence
+    window, and the samples of cards over their ranges, as `read_card_samples` returns them."""
+
+    span: Window | None
+    """First sample to the end of the last one's coverage; None: no samples."""
+    memory: Callable[[tuple[int, int]], MemoryInUse]
+    samples: Callable[[list[tuple[str, int, int]]], pd.DataFrame]
+    """(GPU UUID, lo, hi) per card, sorted by UUID -> gpu, ts_ms, util, throttle_reasons,
+    sm_active, with `NEIGHBOUR_SAMPLES` either side of each card's range."""
 
 
 AUDIT_CHUNK_SAMPLES = 2_000_000
@@ -138,7 +154,9 @@ def _audit(
     chunk_samples: int,
     now_ms: int | None,
     started: float,
+    source: SampleSource | None = None,
 ) -> AuditStats:
+    """The audit of `audited` on `engine`; samples from the store, else from `source`."""
     from auditor.classify.causes import split_causes
     from auditor.classify.efficiency import efficiency
     from auditor.classify.pipeline import classify
@@ -170,9 +188,19 @@ def _audit(
         # coverage, so the classifier's clip to each card's observed span ends the tenure,
         # whatever the window. Exact mappings first, then the evidence a guess uses (Run:ai's
         # links, memory in use), as explain and whatif place pods.
-        data = _data_span(conn, period_s=thresholds.default_period_s)
+        data = (
+            _data_span(conn, period_s=thresholds.default_period_s)
+            if source is None
+            else source.span
+        )
         now = max(end_ms, data.end_ms + READ_MARGIN_MS) if data is not None else end_ms
-        _, gpus, tenures = held_tenures(conn, now_ms=now, window=(audited.start_ms, end_ms))
+        _, gpus, tenures = held_tenures(
+            conn,
+            now_ms=now,
+            window=(audited.start_ms, end_ms),
+            memory=None if source is None else source.memory,
+            first_ms=None if source is None or data is None else data.start_ms,
+        )
         ranges = card_ranges(gpus, tenures, window=audited)
         gpu_ids = dict(zip(gpus["uuid"], gpus["id"], strict=True))
         uuids = {int(i): str(u) for u, i in gpu_ids.items()}
@@ -201,7 +229,10 @@ def _audit(
         wanted = [(int(gpu_ids[u]), *ranges[u]) for u in sorted(context)]
         held = tenures.loc[tenures["gpu"].isin(context), "pod_uid"].astype(str)
         with engine.connect() as conn:
-            raw = reads.read_card_samples(conn, wanted, uuids, neighbours=NEIGHBOUR_SAMPLES)
+            if source is None:
+                raw = reads.read_card_samples(conn, wanted, uuids, neighbours=NEIGHBOUR_SAMPLES)
+            else:
+                raw = source.samples([(uuids[g], lo, hi) for g, lo, hi in wanted])
             return Loaded(
                 samples=with_rolled(raw, read_rolled_card_samples(conn, wanted)),
                 activity=reads.read_tenant_util(conn, wanted, uuids),

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from auditor.classify.tenures import GPU_GROUP, GPU_NAMED, MemoryInUse
 
 if TYPE_CHECKING:
-    from collections.abc import Collection
+    from collections.abc import Callable, Collection
 
     import pandas as pd
     from sqlalchemy import Connection
@@ -103,6 +103,8 @@ def held_tenures(
     now_ms: int,
     window: tuple[int, int],
     on_nodes: Collection[str] | None = None,
+    memory: Callable[[tuple[int, int]], MemoryInUse] | None = None,
+    first_ms: int | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(pods, gpus, tenures) as every reader of history places them: the stored exact
     mappings, then Run:ai's links and the cards' memory in use over `window`, then the
@@ -112,7 +114,10 @@ def held_tenures(
     `on_nodes`: only the tenures of pods on these nodes (every pod is still returned). A
     pod is placed among its own node's cards, from its node's pods and evidence alone (over
     the same evidence window), so its tenures are the same as with every node read; only
-    those nodes' memory is read."""
+    those nodes' memory is read.
+
+    Where the samples are not stored (an audit from the metrics store), `memory` gives the
+    cards' memory in use over an evidence window and `first_ms` the first sample's time."""
     from auditor.classify.tenures import build_tenures
     from auditor.store import reads
 
@@ -122,12 +127,11 @@ def held_tenures(
     nodes = reads.read_nodes(conn)
     pods = with_runai_links(conn, pods)
     placed = pods if on_nodes is None else pods[pods["node"].isin(list(on_nodes))]
-    in_use = memory_in_use(
-        conn,
-        gpus,
-        placed,
-        assignments,
-        window=evidence_window(conn, pods, assignments, window=window),
+    evidence = evidence_window(conn, pods, assignments, window=window, first_ms=first_ms)
+    in_use = (
+        memory_in_use(conn, gpus, placed, assignments, window=evidence)
+        if memory is None
+        else memory(evidence)
     )
     tenures = build_tenures(placed, gpus, assignments, now_ms=now_ms, nodes=nodes, in_use=in_use)
     return pods, gpus, tenures
@@ -137,7 +141,12 @@ ONSET_MARGIN_MS = 15 * 60_000
 
 
 def evidence_window(
-    conn: Connection, pods: pd.DataFrame, assignments: pd.DataFrame, *, window: tuple[int, int]
+    conn: Connection,
+    pods: pd.DataFrame,
+    assignments: pd.DataFrame,
+    *,
+    window: tuple[int, int],
+    first_ms: int | None = None,
 ) -> tuple[int, int]:
     """The stretch whose memory readings a guessed placement may use: back to the bound
     time of the earliest guessed pod that holds a card in `window` (so a day's audit and
@@ -151,7 +160,7 @@ def evidence_window(
     lo = window[0]
     if not live.empty:
         lo = min(lo, int(live["bound_ms"].min()) - ONSET_MARGIN_MS)
-    span = reads.sample_span(conn)
+    span = reads.sample_span(conn) if first_ms is None else (first_ms, first_ms)
     if span is not None:
         lo = max(lo, int(span[0]))
     return lo, window[1]

@@ -19,13 +19,15 @@ that is never logged; the URL requested and printed has no userinfo.
 
 This package's entry is `read_chunk` (here); the parts are its modules: `query_plan` (the
 chunks of a window, the limits of a query), `auth` and `client` (credentials, HTTP),
-`decode` (answers into samples, values checked), `node_resolver` (which node a series
+`decode` (answers into samples, values checked), `raw` (raw points of range selectors for
+the audit from the store, in chunks within the store's limits), `node_resolver` (which node a series
 names), `signals` (SPEC §10's cAdvisor and PCIe/NVLink signals, bad points counted and
 skipped). Callers import every name from `auditor.collect.prometheus`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
 from auditor.collect.prometheus.auth import (
@@ -35,7 +37,7 @@ from auditor.collect.prometheus.auth import (
     credentials,
     split_userinfo,
 )
-from auditor.collect.prometheus.client import PrometheusClient
+from auditor.collect.prometheus.client import PrometheusClient, QueryRefused
 from auditor.collect.prometheus.decode import (
     BOUNDS,
     COLUMNS,
@@ -66,6 +68,13 @@ from auditor.collect.prometheus.query_plan import (
     chunks,
     points_per_query,
 )
+from auditor.collect.prometheus.raw import (
+    CLASSIFIED,
+    DISCOVERED,
+    CardColumns,
+    RawSource,
+    read_cards,
+)
 from auditor.collect.prometheus.signals import (
     CardSignalRow,
     PodSignalRow,
@@ -80,7 +89,9 @@ from auditor.model import GpuRecord, GpuSample, Holding
 
 __all__ = [
     "BOUNDS",
+    "CLASSIFIED",
     "DEADLINE_S",
+    "DISCOVERED",
     "GPU_UTIL",
     "GR_ENGINE",
     "HOSTNAME_CAVEAT",
@@ -93,11 +104,15 @@ __all__ = [
     "POINT_BUDGET",
     "TOKEN_ENV",
     "Auth",
+    "CardColumns",
     "CardSignalRow",
     "ChunkResult",
+    "Fetch",
     "NodeResolver",
     "PodSignalRow",
     "PrometheusClient",
+    "QueryRefused",
+    "RawSource",
     "Series",
     "SignalStats",
     "chunks",
@@ -107,6 +122,7 @@ __all__ = [
     "points_per_query",
     "rate_window_ms",
     "read_cadvisor_chunk",
+    "read_cards",
     "read_chunk",
     "read_dcgm_traffic_chunk",
     "spans",
@@ -126,6 +142,11 @@ class ChunkResult:
     `instance`."""
 
 
+Fetch = Callable[[str], Iterable[Series]]
+"""The series of one metric over a chunk: the grid of `query_range` (the import), or the raw
+points of a range selector (`raw.RawSource`, the audit from the store)."""
+
+
 def read_chunk(
     client: PrometheusClient,
     *,
@@ -133,6 +154,8 @@ def read_chunk(
     last_ms: int,
     step_ms: int,
     resolver: NodeResolver | None = None,
+    fetch: Fetch | None = None,
+    metrics: Iterable[str] | None = None,
 ) -> ChunkResult:
     """Every dcgm-exporter metric over one chunk, joined per GPU and timestamp (one row of
     slots per GPU and time, filled metric by metric: a chunk's memory is its samples).
@@ -141,8 +164,27 @@ def read_chunk(
     given; pass one across chunks to keep what it learnt). A card whose only evidence is
     its `Hostname` keeps its stored node, else the node it first came under (an exporter
     pod replaced is the same card on the same node); a GPU whose series name two nodes
-    otherwise is refused, as the store refuses a card moved to another node."""
+    otherwise is refused, as the store refuses a card moved to another node.
+
+    `fetch` reads one metric (default: `query_range` on the `step_ms` grid from `first_ms`
+    to `last_ms`); `metrics`, the dcgm-exporter metrics to read (default all of `METRICS`):
+    a sample's fields of the others stay None."""
     resolver = resolver or NodeResolver()
+    if fetch is None:
+
+        def fetch(metric: str) -> Iterable[Series]:
+            return client.query_range(
+                # each grid point takes the one sample scraped in the step before it: no
+                # value repeated from the 5-minute lookback where a series ended (a pod
+                # released the card) without a staleness marker, as in backfilled or
+                # federated data
+                f"last_over_time({metric}[{max(step_ms - 1, 1)}ms])",
+                start_s=first_ms / 1000,
+                end_s=last_ms / 1000,
+                step_s=step_ms / 1000,
+            )
+
+    wanted = set(METRICS) if metrics is None else set(metrics)
     rows: dict[str, dict[int, list[float | None]]] = {}
     held: dict[tuple[str, int], tuple[str, str]] = {}
     out = ChunkResult()
@@ -151,15 +193,9 @@ def read_chunk(
     unnamed: dict[tuple[str, str, str], tuple[int, int]] = {}
     named: dict[str, tuple[str, str]] = {}  # UUID -> (node, source), first series that said
     for metric, column in METRICS.items():
-        series = client.query_range(
-            # each grid point takes the one sample scraped in the step before it: no value
-            # repeated from the 5-minute lookback where a series ended (a pod released the
-            # card) without a staleness marker, as in backfilled or federated data
-            f"last_over_time({metric}[{max(step_ms - 1, 1)}ms])",
-            start_s=first_ms / 1000,
-            end_s=last_ms / 1000,
-            step_s=step_ms / 1000,
-        )
+        if metric not in wanted:
+            continue
+        series = fetch(metric)
         slot = SLOT[column]
         low, high = BOUNDS.get(column, (0.0, 0.0))  # throttle reasons: always checked in full
         for labels, points in series:

@@ -27,6 +27,21 @@ from auditor.redact import remember
 _READ_BYTES = 1 << 16
 
 
+class QueryRefused(InputError):
+    """The server answered a query with an error (`status` other than success): a bad
+    query, or one over the server's limits (`too_large`)."""
+
+    def __init__(self, message: str, *, too_large: bool) -> None:
+        super().__init__(message, field="--url")
+        self.too_large = too_large
+
+
+_TOO_LARGE = ("sample", "too many", "too large", "exceed", "limit")
+"""Words of a refusal over a limit: Prometheus' `--query.max-samples` ("query processing
+would load too many samples into memory"), VictoriaMetrics' `-search.maxSamplesPerQuery`
+("cannot select more than ... samples"), Mimir's and Thanos' per-query limits."""
+
+
 class PrometheusClient:
     """`query_range` over HTTP(S) with a deadline per query and a cap on the answer's size;
     every failure, and every answer of an unexpected shape, is a one-line InputError."""
@@ -64,6 +79,14 @@ class PrometheusClient:
         form = {"query": query, "start": f"{start_s:.3f}", "end": f"{end_s:.3f}"}
         form["step"] = f"{step_s:g}"
         status, body = self._post("/api/v1/query_range", _form(form))
+        return matrix(self._answer(status, body, query=query), query)
+
+    def query(self, query: str, *, time_s: float) -> Iterator[Series]:
+        """The series of an instant query whose answer is a matrix: a range selector such as
+        `m[1h]` evaluated at `time_s`, the raw points scraped in that range (no grid, no
+        lookback), one series at a time."""
+        form = {"query": query, "time": f"{time_s:.3f}"}
+        status, body = self._post("/api/v1/query", _form(form))
         return matrix(self._answer(status, body, query=query), query)
 
     def series_count(self, metric: str, *, start_s: float, end_s: float) -> int | None:
@@ -181,8 +204,10 @@ class PrometheusClient:
             error = answer.get("error")
             kind = answer.get("errorType")
             detail = f"{kind}: {error}" if kind and error else error or f"HTTP {status}"
-            raise InputError(
-                f"Prometheus refused {short(query)}: {short(str(detail), 160)}", field="--url"
+            text = str(detail)
+            raise QueryRefused(
+                f"Prometheus refused {short(query)}: {short(text, 160)}",
+                too_large=any(w in text.lower() for w in _TOO_LARGE),
             )
         if status >= 300:
             raise InputError(f"Prometheus at {self.url} answered HTTP {status}", field="--url")
