@@ -260,7 +260,7 @@ def compare_with_gang(
     gang_idle = n_active[row_tick] == 0
 
     # Gang-wide gaps over the ticks.
-    t_gang, t_tick = e_gang[tick_at], e_tick[tick_at] + tick_min
+    t_gang, t_tick = e_gang[tick_at], e_tick[tick_at]
     idle_tick = n_active == 0
     continues = np.zeros(n_ticks, dtype=np.bool_)
     continues[1:] = idle_tick[:-1] & (t_gang[1:] == t_gang[:-1])

@@ -33,7 +33,9 @@ TH = Thresholds(
     checkpoint_max_gap_s=60,
     default_period_s=10,
 )
-EVERYTHING = Window(-(10**12), 10**12)
+EVERYTHING = Window(-(10**13), 10**13)
+NOW_S = 1_795_420_800
+"""2026-11-23 08:00 UTC: where real samples lie, far from the epoch."""
 
 Key = tuple[str, str | None, str]
 
@@ -318,6 +320,12 @@ CASES = {
         [held("g1", "p1", 0, 100)],
         {("g1", "p1", "busy"): 80, ("g1", "p1", "checkpoint"): 20},
         markers=[("p1", 41, None)],
+    ),
+    "a marker counts at today's timestamps, not only near the epoch": Case(
+        [card("g1", [100] * 4 + [0] * 2 + [100] * 4, start_s=NOW_S)],
+        [held("g1", "p1", NOW_S, NOW_S + 100)],
+        {("g1", "p1", "busy"): 80, ("g1", "p1", "checkpoint"): 20},
+        markers=[("p1", NOW_S + 45, NOW_S + 46)],
     ),
     "a marker of another gang does not count": Case(
         [card("g1", [100] * 4 + [0] * 2 + [100] * 4)],
