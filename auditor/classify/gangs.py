@@ -87,7 +87,12 @@ def _first_where(mask: BoolArr, group: IntArr, *, n_groups: int) -> IntArr:
 
 
 def find_series(
-    starts: IntArr, lengths: IntArr, *, period_ms: int, thresholds: Thresholds
+    starts: IntArr,
+    lengths: IntArr,
+    *,
+    period_ms: int,
+    thresholds: Thresholds,
+    averaged: BoolArr | None = None,
 ) -> list[IntArr]:
     """Indices of the gaps (given by start and length in ms) that form regular series.
 
@@ -99,9 +104,11 @@ def find_series(
     variation (population standard deviation / mean) of their start-to-start intervals is at
     most `checkpoint_max_cv`. Noise gaps of a similar length between members break the regularity
     of the series (a documented limitation); gaps of a clearly different length do not.
+    `averaged` gaps (made of rolled-up minutes, whose readings are means over the minute)
+    have a measured length whatever their number of samples.
     """
     factor = max(thresholds.checkpoint_length_factor, 1.0)
-    lo = shortest_candidate_ms(period_ms, thresholds=thresholds)
+    lo = shortest_candidate_ms(period_ms, thresholds=thresholds, averaged=averaged)
     hi = thresholds.checkpoint_max_gap_s * 1000
     need = max(thresholds.checkpoint_min_gaps, 2)
     idx = np.flatnonzero((lengths >= lo) & (lengths <= hi))
@@ -131,7 +138,7 @@ def find_series(
 
 
 def shortest_candidate_ms(
-    period_ms: int | IntArr, *, thresholds: Thresholds
+    period_ms: int | IntArr, *, thresholds: Thresholds, averaged: BoolArr | None = None
 ) -> npt.NDArray[np.float64]:
     """The shortest gang-wide gap (ms) that can belong to a series at a sampling period.
 
@@ -139,9 +146,14 @@ def shortest_candidate_ms(
     samples do not measure a length, and at a coarse period every input stall long enough
     to be caught by a sample is one or two of them. So a gap must span
     `checkpoint_min_samples` periods as well as last `checkpoint_min_gap_s` (at the default
-    5 s the two are the same 15 s). Such short gaps still count at a checkpoint marker."""
+    5 s the two are the same 15 s). Such short gaps still count at a checkpoint marker.
+    A gap made of rolled-up minutes (`averaged`) needs `checkpoint_min_gap_s` only: an idle
+    minute mean says the whole minute was idle."""
     floor_ms = thresholds.checkpoint_min_gap_s * 1000
-    return np.maximum(floor_ms, thresholds.checkpoint_min_samples * np.asarray(period_ms, float))
+    out = np.maximum(floor_ms, thresholds.checkpoint_min_samples * np.asarray(period_ms, float))
+    if averaged is not None:
+        out = np.where(averaged, floor_ms, out)
+    return np.asarray(out, dtype=np.float64)
 
 
 def _cv(gaps: npt.NDArray[np.float64]) -> float:
@@ -229,6 +241,7 @@ def compare_with_gang(
     marker_start: IntArr,
     marker_end: IntArr,
     thresholds: Thresholds,
+    averaged: BoolArr | None = None,
 ) -> GangView:
     """Compare every observed row with its gang at the same instant (module docstring): for
     each row, whether another card of its gang was active, the busiest other card, and the
@@ -247,6 +260,8 @@ def compare_with_gang(
     counts = np.diff(np.append(entry_at, n))
     e_util = np.add.reduceat(s_util, entry_at) / counts if n else np.zeros(0)
     e_active = e_util > thresholds.idle_threshold_pct
+    # a tick is averaged where a rolled-up minute (a mean, not a point reading) stands on it
+    e_avg = None if averaged is None else np.maximum.reduceat(averaged[order], entry_at)
     e_gang, e_tick, e_gpu = s_gang[entry_at], s_tick[entry_at], s_gpu[entry_at]
     del s_gang, s_tick, s_util, entry_first
 
@@ -292,15 +307,20 @@ def compare_with_gang(
     gap_start = t_tick[g_first] * g_period - g_period // 2
     gap_end = gap_start + (t_tick[g_last] - t_tick[g_first] + 1) * g_period
     gap_length = (np.flatnonzero(ends_of(begins)) - np.flatnonzero(begins) + 1) * g_period
+    gap_avg: BoolArr | None = None
+    if e_avg is not None and idle_at.size:
+        t_avg = np.maximum.reduceat(e_avg, tick_at)
+        gap_avg = np.asarray(
+            np.maximum.reduceat(t_avg[idle_at], np.flatnonzero(begins)), dtype=np.bool_
+        )
 
     checkpoint = np.zeros(gap_gang.size, dtype=np.bool_)
     gap_series = np.full(gap_gang.size, -1, dtype=np.int64)
     series: list[Series] = []
     gang_at = np.flatnonzero(starts_of(gap_gang))
     bounds = np.append(gang_at, gap_gang.size)
-    candidate = (gap_length >= shortest_candidate_ms(g_period, thresholds=thresholds)) & (
-        gap_length <= thresholds.checkpoint_max_gap_s * 1000
-    )
+    shortest = shortest_candidate_ms(g_period, thresholds=thresholds, averaged=gap_avg)
+    candidate = (gap_length >= shortest) & (gap_length <= thresholds.checkpoint_max_gap_s * 1000)
     n_candidates = (
         np.add.reduceat(candidate.astype(np.int64), gang_at) if gang_at.size else empty_int()
     )
@@ -314,7 +334,11 @@ def compare_with_gang(
         starts, ends, lengths = gap_start[a:b], gap_end[a:b], gap_length[a:b]
         if n_candidates[i] >= need:
             found = find_series(
-                starts, lengths, period_ms=int(gang_period[g]), thresholds=thresholds
+                starts,
+                lengths,
+                period_ms=int(gang_period[g]),
+                thresholds=thresholds,
+                averaged=None if gap_avg is None else gap_avg[a:b],
             )
             for members in found:
                 gap_series[a + members] = len(series)
