@@ -79,6 +79,9 @@ class Thresholds:
     """Shortest gang-wide gap that can be a checkpoint."""
     checkpoint_max_gap_s: float = 900.0
     """Longest gang-wide gap that can be a checkpoint."""
+    checkpoint_min_samples: int = 3
+    """Fewest idle samples a gang-wide gap must span to be a checkpoint (markers aside):
+    a shorter one has no measured length, and at 60 s an input stall is one or two."""
     checkpoint_length_factor: float = 1.5
     """Gaps of one series are within this factor of the series' median length."""
     checkpoint_max_cv: float = 0.3

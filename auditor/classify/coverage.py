@@ -52,6 +52,9 @@ class SampleTable:
     period: IntArr
     first: IntArr
     last_end: IntArr
+    rolled: BoolArr | None = None
+    """Per sample: a rolled-up minute (a mean over what it covers, not a point reading);
+    None where there are none."""
 
     @property
     def n_gpus(self) -> int:
@@ -218,4 +221,5 @@ def load_samples(samples: pd.DataFrame, *, thresholds: Thresholds) -> SampleTabl
         period=period,
         first=ts[gpu_start],
         last_end=span_end[last],
+        rolled=rolled,
     )

@@ -13,7 +13,8 @@ ticks with no observed card (outages, unreadable samples) neither break a gap no
 it. A gap spans `[first·P − P/2, last·P + P/2)` (what a checkpoint marker must overlap, and
 where its start-to-start intervals are measured from); its length is its observed time,
 P per idle tick, as for idle runs. A gap is `checkpoint`-able when it overlaps a checkpoint
-marker of its gang, or belongs to a regular series (`find_series`).
+marker of its gang, or belongs to a regular series (`find_series`; only gaps of at least
+`checkpoint_min_samples` ticks can).
 
 Names in `compare_with_gang` (arrays are flat, one entry per item of what the prefix says):
 - `s_…` observed rows **sorted** by (gang, tick, card); `order` maps them back;
@@ -85,19 +86,29 @@ def _first_where(mask: BoolArr, group: IntArr, *, n_groups: int) -> IntArr:
     return out
 
 
-def find_series(starts: IntArr, lengths: IntArr, *, thresholds: Thresholds) -> list[IntArr]:
+def find_series(
+    starts: IntArr,
+    lengths: IntArr,
+    *,
+    period_ms: int,
+    thresholds: Thresholds,
+    averaged: BoolArr | None = None,
+) -> list[IntArr]:
     """Indices of the gaps (given by start and length in ms) that form regular series.
 
-    Gaps of 15 s–15 min (the thresholds) are sorted by length and split where one is more
-    than `checkpoint_length_factor` longer than the one before; in each group the gaps
-    within that factor of the group's median length are a series when there are at least
-    `checkpoint_min_gaps` of them (and at least 2) and the coefficient of variation
-    (population standard deviation / mean) of their start-to-start intervals is at most
-    `checkpoint_max_cv`. Noise gaps of a similar length between members break the regularity
+    Gaps of 15 s–15 min that span at least `checkpoint_min_samples` sampling periods of
+    `period_ms` (the thresholds; `shortest_candidate_ms`) are sorted by length and split
+    where one is more than `checkpoint_length_factor` longer than the one before; in each
+    group the gaps within that factor of the group's median length are a series when there
+    are at least `checkpoint_min_gaps` of them (and at least 2) and the coefficient of
+    variation (population standard deviation / mean) of their start-to-start intervals is at
+    most `checkpoint_max_cv`. Noise gaps of a similar length between members break the regularity
     of the series (a documented limitation); gaps of a clearly different length do not.
+    `averaged` gaps (made of rolled-up minutes, whose readings are means over the minute)
+    have a measured length whatever their number of samples.
     """
     factor = max(thresholds.checkpoint_length_factor, 1.0)
-    lo = thresholds.checkpoint_min_gap_s * 1000
+    lo = shortest_candidate_ms(period_ms, thresholds=thresholds, averaged=averaged)
     hi = thresholds.checkpoint_max_gap_s * 1000
     need = max(thresholds.checkpoint_min_gaps, 2)
     idx = np.flatnonzero((lengths >= lo) & (lengths <= hi))
@@ -126,6 +137,25 @@ def find_series(starts: IntArr, lengths: IntArr, *, thresholds: Thresholds) -> l
     return found
 
 
+def shortest_candidate_ms(
+    period_ms: int | IntArr, *, thresholds: Thresholds, averaged: BoolArr | None = None
+) -> npt.NDArray[np.float64]:
+    """The shortest gang-wide gap (ms) that can belong to a series at a sampling period.
+
+    A gap of `k` idle samples lasted anything from `(k − 1)·P` to `(k + 1)·P`: one or two
+    samples do not measure a length, and at a coarse period every input stall long enough
+    to be caught by a sample is one or two of them. So a gap must span
+    `checkpoint_min_samples` periods as well as last `checkpoint_min_gap_s` (at the default
+    5 s the two are the same 15 s). Such short gaps still count at a checkpoint marker.
+    A gap made of rolled-up minutes (`averaged`) needs `checkpoint_min_gap_s` only: an idle
+    minute mean says the whole minute was idle."""
+    floor_ms = thresholds.checkpoint_min_gap_s * 1000
+    out = np.maximum(floor_ms, thresholds.checkpoint_min_samples * np.asarray(period_ms, float))
+    if averaged is not None:
+        out = np.where(averaged, floor_ms, out)
+    return np.asarray(out, dtype=np.float64)
+
+
 def _cv(gaps: npt.NDArray[np.float64]) -> float:
     mean = float(gaps.mean())
     return float(gaps.std()) / mean if mean > 0 else math.inf
@@ -137,7 +167,7 @@ def _regular_chain(
     """Positions of the gaps (sorted by start) whose start-to-start intervals are regular
     (coefficient of variation at most `max_cv`): all of them when they are; else the chain
     left after dropping, one at a time, the `droppable` gap (shorter than the group's
-    median: a stall between two checkpoints, which sampling at 60 s makes look alike) whose
+    median: a stall between two checkpoints, which coarse sampling makes look alike) whose
     removal makes the rest most regular. At most a third of the gaps go, and a chain found
     so needs twice `need` gaps: noise alone rarely keeps that many at a steady pace. None
     when no chain is regular."""
@@ -211,6 +241,7 @@ def compare_with_gang(
     marker_start: IntArr,
     marker_end: IntArr,
     thresholds: Thresholds,
+    averaged: BoolArr | None = None,
 ) -> GangView:
     """Compare every observed row with its gang at the same instant (module docstring): for
     each row, whether another card of its gang was active, the busiest other card, and the
@@ -229,6 +260,8 @@ def compare_with_gang(
     counts = np.diff(np.append(entry_at, n))
     e_util = np.add.reduceat(s_util, entry_at) / counts if n else np.zeros(0)
     e_active = e_util > thresholds.idle_threshold_pct
+    # a tick is averaged where a rolled-up minute (a mean, not a point reading) stands on it
+    e_avg = None if averaged is None else np.maximum.reduceat(averaged[order], entry_at)
     e_gang, e_tick, e_gpu = s_gang[entry_at], s_tick[entry_at], s_gpu[entry_at]
     del s_gang, s_tick, s_util, entry_first
 
@@ -260,7 +293,7 @@ def compare_with_gang(
     gang_idle = n_active[row_tick] == 0
 
     # Gang-wide gaps over the ticks.
-    t_gang, t_tick = e_gang[tick_at], e_tick[tick_at] + tick_min
+    t_gang, t_tick = e_gang[tick_at], e_tick[tick_at]
     idle_tick = n_active == 0
     continues = np.zeros(n_ticks, dtype=np.bool_)
     continues[1:] = idle_tick[:-1] & (t_gang[1:] == t_gang[:-1])
@@ -274,15 +307,20 @@ def compare_with_gang(
     gap_start = t_tick[g_first] * g_period - g_period // 2
     gap_end = gap_start + (t_tick[g_last] - t_tick[g_first] + 1) * g_period
     gap_length = (np.flatnonzero(ends_of(begins)) - np.flatnonzero(begins) + 1) * g_period
+    gap_avg: BoolArr | None = None
+    if e_avg is not None and idle_at.size:
+        t_avg = np.maximum.reduceat(e_avg, tick_at)
+        gap_avg = np.asarray(
+            np.maximum.reduceat(t_avg[idle_at], np.flatnonzero(begins)), dtype=np.bool_
+        )
 
     checkpoint = np.zeros(gap_gang.size, dtype=np.bool_)
     gap_series = np.full(gap_gang.size, -1, dtype=np.int64)
     series: list[Series] = []
     gang_at = np.flatnonzero(starts_of(gap_gang))
     bounds = np.append(gang_at, gap_gang.size)
-    candidate = (gap_length >= thresholds.checkpoint_min_gap_s * 1000) & (
-        gap_length <= thresholds.checkpoint_max_gap_s * 1000
-    )
+    shortest = shortest_candidate_ms(g_period, thresholds=thresholds, averaged=gap_avg)
+    candidate = (gap_length >= shortest) & (gap_length <= thresholds.checkpoint_max_gap_s * 1000)
     n_candidates = (
         np.add.reduceat(candidate.astype(np.int64), gang_at) if gang_at.size else empty_int()
     )
@@ -295,7 +333,14 @@ def compare_with_gang(
         g = int(gap_gang[a])
         starts, ends, lengths = gap_start[a:b], gap_end[a:b], gap_length[a:b]
         if n_candidates[i] >= need:
-            for members in find_series(starts, lengths, thresholds=thresholds):
+            found = find_series(
+                starts,
+                lengths,
+                period_ms=int(gang_period[g]),
+                thresholds=thresholds,
+                averaged=None if gap_avg is None else gap_avg[a:b],
+            )
+            for members in found:
                 gap_series[a + members] = len(series)
                 checkpoint[a + members] = True
                 median_len = float(np.median(lengths[members])) / 1000

@@ -286,6 +286,7 @@ def classify(
         marker_start=m_start,
         marker_end=m_end,
         thresholds=thresholds,
+        averaged=None if st.rolled is None else st.rolled[r_sample],
     )
     cat_a, frac_a, cat_b, frac_b, blame = _per_sample_rules(
         util=r_util, idle=idle, decided=decided, view=view, thresholds=thresholds

@@ -2,7 +2,8 @@
 
 Each case is a few hand-made samples (one every 10 s) and tenures, and the exact seconds per
 (GPU, pod, category) it must produce. The thresholds are SPEC's scaled down so the cases stay
-small: startup cap 60 s, teardown cap 30 s, reserved after 120 s, checkpoint gaps 10–60 s.
+small: startup cap 60 s, teardown cap 30 s, reserved after 120 s, checkpoint gaps 10–60 s
+of at least two samples.
 """
 
 from __future__ import annotations
@@ -31,9 +32,14 @@ TH = Thresholds(
     reserved_after_s=120,
     checkpoint_min_gap_s=10,
     checkpoint_max_gap_s=60,
+    checkpoint_min_samples=2,
     default_period_s=10,
 )
-EVERYTHING = Window(-(10**12), 10**12)
+TH_60 = replace(TH, checkpoint_min_samples=3, checkpoint_max_gap_s=900, reserved_after_s=1800)
+"""For samples every 60 s: the default checkpoint_min_samples, gaps of up to 15 minutes."""
+EVERYTHING = Window(-(10**13), 10**13)
+NOW_S = 1_795_420_800
+"""2026-11-23 08:00 UTC: where real samples lie, far from the epoch."""
 
 Key = tuple[str, str | None, str]
 
@@ -106,6 +112,8 @@ class Case:
 
 PERIODIC = [100.0] * 4 + ([0.0] * 2 + [100.0] * 4) * 5
 """340 s: active, then five 20 s idle gaps every 60 s, ending active."""
+PERIODIC_3 = [100.0] * 4 + ([0.0] * 3 + [100.0] * 4) * 5
+"""Five gaps of three samples every seven samples, ending active."""
 IRREGULAR = (
     ([100.0] * 4 + [0.0] * 2 + [100.0] + [0.0] * 2 + [100.0] * 9 + [0.0] * 2 + [100.0] * 2)
     + [0.0] * 2
@@ -301,6 +309,31 @@ CASES = {
         [held("g1", "p1", 0, 160)],
         {("g1", "p1", "busy"): 120, ("g1", "p1", "compute_idle"): 40},
     ),
+    "gaps of fewer than checkpoint_min_samples samples are not checkpoints": Case(
+        [card("g1", PERIODIC)],
+        [held("g1", "p1", 0, 340)],
+        {("g1", "p1", "busy"): 240, ("g1", "p1", "compute_idle"): 100},
+        thresholds=replace(TH, checkpoint_min_samples=3),
+    ),
+    "... however long they last: 2 samples of 60 s make no series": Case(
+        [card("g1", PERIODIC, every_s=60)],
+        [held("g1", "p1", 0, 2040)],
+        {("g1", "p1", "busy"): 1440, ("g1", "p1", "compute_idle"): 600},
+        thresholds=TH_60,
+    ),
+    "... but 3 samples do, and a marker counts for a shorter gap": Case(
+        [card("g1", PERIODIC_3, every_s=60), card("g2", PERIODIC, every_s=60, start_s=10**4)],
+        [held("g1", "p1", 0, 60 * len(PERIODIC_3)), held("g2", "p2", 10**4, 10**4 + 2040)],
+        {
+            ("g1", "p1", "busy"): 1440,
+            ("g1", "p1", "checkpoint"): 900,
+            ("g2", "p2", "busy"): 1440,
+            ("g2", "p2", "checkpoint"): 120,
+            ("g2", "p2", "compute_idle"): 480,
+        },
+        thresholds=TH_60,
+        markers=[("p2", 10**4 + 240 + 30, None)],
+    ),
     "gaps longer than checkpoint_max_gap_s are not checkpoints": Case(
         [card("g1", [100] * 4 + ([0] * 7 + [100] * 4) * 4)],
         [held("g1", "p1", 0, 480)],
@@ -318,6 +351,12 @@ CASES = {
         [held("g1", "p1", 0, 100)],
         {("g1", "p1", "busy"): 80, ("g1", "p1", "checkpoint"): 20},
         markers=[("p1", 41, None)],
+    ),
+    "a marker counts at today's timestamps, not only near the epoch": Case(
+        [card("g1", [100] * 4 + [0] * 2 + [100] * 4, start_s=NOW_S)],
+        [held("g1", "p1", NOW_S, NOW_S + 100)],
+        {("g1", "p1", "busy"): 80, ("g1", "p1", "checkpoint"): 20},
+        markers=[("p1", NOW_S + 45, NOW_S + 46)],
     ),
     "a marker of another gang does not count": Case(
         [card("g1", [100] * 4 + [0] * 2 + [100] * 4)],

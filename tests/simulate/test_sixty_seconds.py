@@ -35,11 +35,8 @@ def test_the_demo_cluster_at_60_s_is_audited_to_its_truth(tmp_path: Path) -> Non
     )
     audited = audited.reindex(truth.index)
     off = (audited - truth).div(truth.sum(axis=1), axis=0).abs() * 100  # % of held time
-    # research's input stalls recur steadily enough at 60 s to pass as checkpoints (and
-    # that time is not compute_idle then): no infrastructure signal tells them apart
-    stalls = [("research", "checkpoint"), ("research", "compute_idle")]
-    for team, cat in stalls:
-        assert off.loc[team, cat] <= 2.5, (team, cat)
-        off.loc[team, cat] = 0.0
+    # every team and category, checkpoint and compute_idle included: an input stall is
+    # one or two samples at 60 s and never joins a checkpoint series (measured: worst
+    # 0.007 %, the platform's busy time; 1.98 % for research before)
     worst = off.stack().sort_values().tail(3)
     assert (off <= 1.5).all().all(), worst.to_dict()
