@@ -229,7 +229,8 @@ def test_a_bad_claim_or_slice_is_one_line_naming_file_line_and_field(
     assert code != 0
     lines = [line for line in out.splitlines() if line.strip()]
     assert len(lines) == 1, out
-    assert str(bad) in lines[0] and f"items[{index}].{field}" in lines[0], lines[0]
+    assert str(bad) in lines[0], lines[0]
+    assert f"items[{index}].{field}" in lines[0], lines[0]
     assert "Traceback" not in out
     exact, cards, held = _stored(db)
     assert (exact, cards, held) == ({}, {}, {})
@@ -260,9 +261,10 @@ def test_a_claim_shared_by_more_pods_later_splits_by_the_most_seen() -> None:
 
 
 def test_a_device_that_is_no_card_is_left_out() -> None:
+    channel = {"name": "channel-0", "attributes": {"type": {"string": "channel"}}}
     devices = dra.read_slice(
         {"spec": {"driver": "gpu.nvidia.com", "pool": {"name": "p"}, "nodeName": "n",
-                  "devices": [{"name": "channel-0", "attributes": {"type": {"string": "channel"}}}]}}
+                  "devices": [channel]}}
     )  # fmt: skip
     assert [d.uuid for d in devices] == [None]
     with pytest.raises(PodFieldError):
