@@ -208,7 +208,8 @@ class PodRecord:
     Shares (SPEC §7): `gpu_count` is the cards or units held (whole cards, time-slicing
     replicas, MIG instances, HAMi vGPUs; 1 for a Run:ai fraction, ceil(milli/1000) for
     gpu-milli, 0 for a Run:ai reservation pod). `share_kind` says how the pod asks for a
-    share ("mig", "hami", "runai", "milli", "runai-reservation"; None for whole cards and
+    share ("mig", "hami", "runai", "milli", "runai-reservation", "dra": its ResourceClaims
+    say its cards, exactly; None for whole cards and
     time-slicing, which the node's labels tell); `gpu_share` the share of one card asked
     for, `gpu_mem_mib` the GPU memory asked per card, `gpu_mem_share` HAMi's memory
     percentage / 100, where the request says them.

@@ -187,6 +187,9 @@ class WatchOptions:
     """Label selector of the pods to watch."""
     nodes: bool = True
     """Watch nodes too (GPU model, capacity, cordoned)."""
+    dra: bool = True
+    """Watch ResourceClaims and ResourceSlices too (Dynamic Resource Allocation), where the
+    cluster serves `resource.k8s.io`."""
     metrics_host: str = SampleOptions.metrics_host
     metrics_port: int | None = 9403
     """Port of /metrics and /healthz; 0: any free port; None: no server."""

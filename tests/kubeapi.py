@@ -31,7 +31,13 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 Obj = dict[str, Any]
-KIND_NAMES = {"pods": ("Pod", "PodList"), "nodes": ("Node", "NodeList")}
+KIND_NAMES = {
+    "pods": ("Pod", "PodList"),
+    "nodes": ("Node", "NodeList"),
+    "resourceclaims": ("ResourceClaim", "ResourceClaimList"),
+    "resourceslices": ("ResourceSlice", "ResourceSliceList"),
+}
+DRA_KINDS = ("resourceclaims", "resourceslices")
 
 
 @dataclass(frozen=True)
@@ -49,8 +55,10 @@ class Fault:
 class FakeCluster:
     rv: int = 1000
     objects: dict[str, dict[tuple[str, str], Obj]] = field(
-        default_factory=lambda: {"pods": {}, "nodes": {}}
+        default_factory=lambda: {kind: {} for kind in KIND_NAMES}
     )
+    dra_versions: tuple[str, ...] = ()
+    """The `resource.k8s.io` versions served (`v1`, `v1beta1`...); none: no DRA."""
     log: list[tuple[int, str, str, Obj]] = field(default_factory=list)
     log_rvs: list[int] = field(default_factory=list)
     compacted_to: int = 0
@@ -219,7 +227,17 @@ class Handler(BaseHTTPRequestHandler):
                 200, {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []}
             )
         elif url.path == "/apis":
-            self._json(200, {"kind": "APIGroupList", "apiVersion": "v1", "groups": []})
+            groups = [self._dra_group()] if self.cluster.dra_versions else []
+            self._json(200, {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
+        elif url.path.rstrip("/") == "/apis/resource.k8s.io" and self.cluster.dra_versions:
+            self._json(200, {"kind": "APIGroup", "apiVersion": "v1", **self._dra_group()})
+        elif (
+            parts[:2] == ["apis", "resource.k8s.io"]
+            and len(parts) == 4
+            and parts[2] in self.cluster.dra_versions
+            and parts[3] in DRA_KINDS
+        ):
+            self._collection(parts[3], None, query)
         elif url.path == "/api/v1":
             self._json(200, RESOURCES)
         elif parts[:2] == ["api", "v1"] and len(parts) == 3 and parts[2] in KIND_NAMES:
@@ -228,6 +246,13 @@ class Handler(BaseHTTPRequestHandler):
             self._collection("pods", parts[3], query)
         else:
             self._json(404, status(404, "NotFound", f"the server could not find {url.path}"))
+
+    def _dra_group(self) -> Obj:
+        versions = [
+            {"groupVersion": f"resource.k8s.io/{v}", "version": v}
+            for v in self.cluster.dra_versions
+        ]
+        return {"name": "resource.k8s.io", "versions": versions, "preferredVersion": versions[0]}
 
     def _json(self, code: int, body: Obj) -> None:
         data = json.dumps(body).encode()

@@ -12,8 +12,9 @@ splits the card equally among the tenants present. A MIG instance is a card of i
 held whole (its weight as a part of the physical card is the classifier's,
 `auditor.classify.shares`).
 
-Which GPUs: the exact mapping (`assignments`, from pod-resources, dcgm labels or HAMi's
-annotation) wherever the pod has one, on whatever node those GPUs are; its `share` or
+Which GPUs: the exact mapping (`assignments`, from pod-resources, dcgm labels, HAMi's
+annotation or a DRA claim) wherever the pod has one (a DRA pod has no other: it asks for no
+card of its own, so without one it holds nothing), on whatever node those GPUs are; its `share` or
 `replicas` column, where set, gives the share on that card. Else the evidence the data
 holds (`inferred` still): a Run:ai fraction pod is on the card of the reservation pod that
 shares its `runai-gpu-group` label on its node (`GPU_GROUP`) — that card as the

@@ -131,6 +131,7 @@ def import_pods(
         typer.Argument(
             metavar="FILE",
             help="kubectl get pods,nodes -A -o json|yaml [--watch --output-watch-events]; "
+            "with DRA, add resourceclaims,resourceslices to the same file; "
             "several files: one transaction each.",
         ),
     ],
@@ -148,6 +149,17 @@ def import_pods(
             f"imported {stats.rows} GPU pod records and {stats.nodes} nodes from {file} in "
             f"{stats.seconds:.1f}s"
         )
+        if stats.claims:
+            typer.echo(
+                f"  {stats.claims} ResourceClaims: {stats.dra_assignments} pod-card pairs "
+                "mapped exactly"
+                + (
+                    f", {stats.dra_pending} claims gave nothing (pod not imported, or device "
+                    "in no ResourceSlice of the file)"
+                    if stats.dra_pending
+                    else ""
+                )
+            )
 
     each_file(files, one)
 

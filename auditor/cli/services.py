@@ -175,6 +175,10 @@ def watch(
         ),
     ] = WatchOptions.selector,
     no_nodes: Annotated[bool, typer.Option("--no-nodes", help="Do not watch nodes.")] = False,
+    no_dra: Annotated[
+        bool,
+        typer.Option("--no-dra", help="Do not watch ResourceClaims and ResourceSlices (DRA)."),
+    ] = False,
     metrics_port: Annotated[int, metrics_port_option(METRICS_PORT_ENV)] = port_flag(
         WatchOptions.metrics_port
     ),
@@ -227,6 +231,7 @@ def watch(
             namespace=namespace,
             selector=selector,
             nodes=not no_nodes,
+            dra=not no_dra,
             metrics_host=metrics_host,
             metrics_port=port_or_none(metrics_port),
             health_max_age_s=health_max_age,

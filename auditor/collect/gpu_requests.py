@@ -4,7 +4,9 @@ The effective request of each GPU resource (`nvidia.com/gpu`, every `nvidia.com/
 the shared-GPU names of `auditor.collect.shares`), as the scheduler counts it: the larger of
 the app containers' sum (plus sidecars) and the peak of the init containers. A container's
 count is its limit, else its request. `shares` turns these and the pod's annotations into
-the units held and the share of a card asked for (SPEC §7).
+the units held and the share of a card asked for (SPEC §7). A pod that asks for none but
+names `spec.resourceClaims` (Dynamic Resource Allocation) is kept as a `dra` pod of no card
+of its own: its claims say which cards it holds (`auditor.collect.dra`).
 """
 
 from __future__ import annotations
@@ -52,9 +54,23 @@ def pod_gpu_ask(
         for name, value in values.items():
             per_device[name] = max(per_device.get(name, 0.0), value)
     totals = shares.container_totals(counts, init_counts)
-    return shares.gpu_ask(
+    ask = shares.gpu_ask(
         totals, per_device, namespace=namespace, annotations=annotations, sharing=sharing
     )
+    if ask.count == 0 and ask.share_kind is None and _claims(spec):
+        return shares.GpuAsk(0, shares.DRA_RESOURCE, shares.KIND_DRA)
+    return ask
+
+
+def _claims(spec: Mapping[str, Any]) -> bool:
+    """Whether the pod names ResourceClaims (SPEC §12): its cards are what they were given
+    (`auditor.collect.dra`), none until then."""
+    claims = spec.get("resourceClaims")
+    if claims is None:
+        return False
+    if not isinstance(claims, list):
+        raise PodFieldError("must be a list of claims", field="spec.resourceClaims")
+    return len(claims) > 0
 
 
 def _container_requests(

@@ -5,7 +5,8 @@ kubectl writes, in one file or stream of values (JSON) or documents (YAML):
 - a list, `{"kind": "List" | "PodList" | "NodeList", "items": [...]}`, whose items are
   taken one at a time, never the whole list;
 - a single Pod or Node (a Pod may have no `kind` when it has a pod spec: a raw API list's
-  items);
+  items); ResourceClaims and ResourceSlices (`kubectl get pods,resourceclaims,resourceslices
+  -A -o json`, their own lists included) are read beside them;
 - watch events `{"type": "ADDED" | "MODIFIED" | "DELETED" | "BOOKMARK" | "ERROR",
   "object": {...}}`: BOOKMARK and unknown types are skipped; an ERROR with the API's
   `410 Gone` Status ends the watch (the events before it stand), any other ERROR is an
@@ -28,20 +29,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Generic, Protocol, TextIO, TypeVar
 
+from auditor.collect import dra
 from auditor.collect.nodes import node_row
 from auditor.collect.pod_records import pod_record
 from auditor.errors import InputError, PodFieldError, shown
 from auditor.model import PodRecord
 from auditor.settings import Sharing, TeamRules
 
-LIST_KINDS = frozenset({"List", "PodList", "NodeList"})
-OBJECT_KINDS = frozenset({"Pod", "Node"})
+LIST_KINDS = frozenset({"List", "PodList", "NodeList"}) | dra.LIST_KINDS
+OBJECT_KINDS = frozenset({"Pod", "Node"}) | dra.CLAIM_KINDS | dra.SLICE_KINDS
 CHANGE_EVENTS = frozenset({"ADDED", "MODIFIED", "DELETED"})
 """Watch event types that carry an object; BOOKMARK and unknown ones are skipped."""
 EXPECTED = "expected a Pod, a Node, a List of them or a watch event"
 NodeRow = dict[str, Any]
-KubectlRecord = PodRecord | NodeRow
-"""What a kubectl file gives: a pod observation, or a `nodes` row."""
+KubectlRecord = PodRecord | NodeRow | dra.DraClaim | dra.DraSlice
+"""What a kubectl file gives: a pod observation, a `nodes` row, or a ResourceClaim or
+ResourceSlice (Dynamic Resource Allocation, `auditor.collect.dra`)."""
 MAPPING: Final = object()
 """What `Tokens.documents` gives for a top-level mapping, for the walk to take key by key."""
 
@@ -181,9 +184,14 @@ def to_record(
     node_ms: int,
     sharing: Sharing | None = None,
 ) -> KubectlRecord | None:
-    """The record of one Pod or Node object; `PodFieldError` for a field it cannot read."""
+    """The record of one Pod, Node, ResourceClaim or ResourceSlice object; `PodFieldError`
+    for a field it cannot read."""
     if kind == "Node":
         return node_row(obj, at_ms=node_ms, exact=False)
+    if kind in dra.CLAIM_KINDS:
+        return dra.read_claim(obj)
+    if kind in dra.SLICE_KINDS:
+        return dra.DraSlice(tuple(dra.read_slice(obj)))
     return pod_record(obj, teams=teams, deleted=deleted, sharing=sharing, seen_ms=node_ms)
 
 
@@ -295,8 +303,9 @@ def watch_error(obj: object) -> str:
 
 
 def object_kind(obj: dict[str, Any], *, prefix: str) -> str:
-    """`Pod` or `Node`, else `InputError` (with only a message and a field) saying what it
-    is. An object without a kind is a Pod when it has a pod spec."""
+    """`Pod`, `Node`, `ResourceClaim` or `ResourceSlice`, else `InputError` (with only a
+    message and a field) saying what it is. An object without a kind is a Pod when it has a
+    pod spec."""
     field = f"{prefix}.kind" if prefix else "kind"
     kind = kind_of(obj)
     if kind is None:

@@ -40,7 +40,8 @@ def pod_record(
     seen_ms: int | None = None,
 ) -> PodRecord | None:
     """The record of one observation of `pod`, or None when the pod holds no GPU (a Run:ai
-    reservation pod is kept, holding none: SPEC §7). `sharing`: the config's extra names.
+    reservation pod is kept, holding none: SPEC §7; so is a pod naming ResourceClaims,
+    whose claims say what it holds: SPEC §12). `sharing`: the config's extra names.
 
     `deleted` says the observation is a watch `DELETED` event; `event_ms` is when the caller
     saw that event, used as the deletion time when the pod carries no `deletionTimestamp`.
@@ -66,7 +67,7 @@ def pod_record(
 
     annotations = str_map(meta, "annotations", "metadata.annotations")
     ask = pod_gpu_ask(spec, namespace=namespace, annotations=annotations, sharing=sharing)
-    if ask.count == 0 and ask.share_kind != shares.KIND_RESERVATION:
+    if ask.count == 0 and ask.share_kind not in (shares.KIND_RESERVATION, shares.KIND_DRA):
         return None
     shares.hami_devices(annotations)  # the cards it names must be readable
     gpu_count, gpu_resource = ask.count, ask.resource

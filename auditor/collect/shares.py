@@ -67,6 +67,9 @@ KIND_HAMI = "hami"
 KIND_RUNAI = "runai"
 KIND_MILLI = "milli"
 KIND_RESERVATION = "runai-reservation"
+KIND_DRA = "dra"
+DRA_RESOURCE = "resource.k8s.io/claims"
+"""`gpu_resource` of a pod whose GPUs come from its ResourceClaims (`auditor.collect.dra`)."""
 MIB = 1 << 20
 GIB_MIB = 1024
 

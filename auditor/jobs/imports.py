@@ -137,18 +137,29 @@ class PodImportStats:
     nodes: int
     """Node rows stored."""
     seconds: float
+    claims: int = 0
+    """ResourceClaims read (Dynamic Resource Allocation)."""
+    dra_assignments: int = 0
+    """(pod, card) pairs the claims and slices gave exactly."""
+    dra_pending: int = 0
+    """Claims reserved for a pod the store does not hold, or naming a device no slice of
+    the file publishes: they gave nothing."""
 
 
 def import_pods(
     url: str, path: Path, *, config: Config, progress: Progress | None = None
 ) -> PodImportStats:
     """Import one kubectl file (JSON or YAML: pod and node lists, pods, nodes, watch
-    streams) in one transaction: all of it, or nothing on bad input. Nodes are stamped with
-    the file's modification time (`auditor.collect.kubectl_files`), and so are the pods
-    still waiting to be scheduled in it (their wait is known to last until then); the
-    outages the nodes show become stretches (`auditor.store.outages`)."""
+    streams; ResourceClaims and ResourceSlices) in one transaction: all of it, or nothing on
+    bad input. Nodes are stamped with the file's modification time
+    (`auditor.collect.kubectl_files`), and so are the pods still waiting to be scheduled in
+    it (their wait is known to last until then); the outages the nodes show become
+    stretches (`auditor.store.outages`). The file's claims are joined to its slices at its
+    end (`auditor.jobs.dra`), for its pods and those already stored."""
+    from auditor.collect.dra import DraClaim, DraSlice, DraState
     from auditor.collect.kubectl_files import read_kubectl
     from auditor.collect.shares import hami_assignments
+    from auditor.jobs.dra import write_cards, write_holds
     from auditor.model import PodRecord
     from auditor.store.outages import record_node_states
     from auditor.store.writes import upsert_exact_assignments, upsert_nodes, upsert_pods
@@ -157,13 +168,19 @@ def import_pods(
     engine = open_store(url)
     rows = 0
     nodes: set[str] = set()
+    dra = DraState()
     with engine.begin() as conn:
         records = read_kubectl(
             path, teams=config.teams, on_progress=progress, sharing=config.sharing
         )
         for batch in batched(records, BATCH_ROWS):
             pods = [r for r in batch if isinstance(r, PodRecord)]
-            node_rows = [r for r in batch if not isinstance(r, PodRecord)]
+            node_rows = [r for r in batch if isinstance(r, dict)]
+            for r in batch:
+                if isinstance(r, DraClaim):
+                    dra.add_claim(r)
+                elif isinstance(r, DraSlice):
+                    dra.add_slice(r.devices)
             try:
                 upsert_pods(conn, pods)
                 upsert_nodes(conn, node_rows)
@@ -175,7 +192,17 @@ def import_pods(
                 raise InputError(e.message, file=str(path), field=e.field) from e
             rows += len(pods)
             nodes.update(r["name"] for r in node_rows)
-    return PodImportStats(str(path), rows, len(nodes), time.perf_counter() - started)
+        write_cards(conn, dra.devices.values(), file=str(path))
+        written = write_holds(conn, dra)
+    return PodImportStats(
+        str(path),
+        rows,
+        len(nodes),
+        time.perf_counter() - started,
+        claims=len(dra.claims),
+        dra_assignments=written.assignments,
+        dra_pending=len(written.pending),
+    )
 
 
 @dataclass(frozen=True)

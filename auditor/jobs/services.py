@@ -112,6 +112,11 @@ def sample(url: str, options: SampleOptions, *, log: Callable[[str], None]) -> N
         buffer.close()
 
 
+def _skips(metrics: Any, kind: str) -> Callable[[str], None]:
+    """Count a skipped object of `kind`."""
+    return lambda reason: metrics.skipped(str(kind), reason)
+
+
 def watch(
     url: str,
     options: WatchOptions,
@@ -145,13 +150,23 @@ def watch(
         selector=options.selector,
         timeouts=timeouts,
     )
-    kinds = (kube.Kind.PODS, kube.Kind.NODES) if options.nodes else (kube.Kind.PODS,)
+    kinds: tuple[kube.Kind, ...] = (
+        (kube.Kind.PODS, kube.Kind.NODES) if options.nodes else (kube.Kind.PODS,)
+    )
+    dra_version = kube.dra_version(api, timeouts=timeouts) if options.dra else None
+    if options.dra and dra_version is None:
+        log("the cluster serves no resource.k8s.io API: ResourceClaims not watched")
+    if dra_version is not None:
+        kinds = (*kinds, kube.Kind.CLAIMS, kube.Kind.SLICES)
     metrics = WatchMetrics(tuple(str(k) for k in kinds))
     from auditor.jobs.metrics import AuditCollector, latest_audit_figures
 
     metrics.registry.register(
         AuditCollector(lambda: latest_audit_figures(engine), top_jobs=options.audit_top_jobs)
     )
+    from auditor.jobs.watch_dra import DraSink, WatchedDra
+
+    dra = WatchedDra(engine) if dra_version is not None else None
     pod_sink = PodSink(
         engine,
         scope=pod_source.scope,
@@ -159,8 +174,14 @@ def watch(
         in_scope=in_scope,
         on_skip=lambda reason: metrics.skipped("pods", reason),
         sharing=config.sharing,
+        after=dra.retry if dra is not None else None,
     )
     pairs: list[tuple[kube.KubeSource, Any]] = [(pod_source, pod_sink)]
+    if dra is not None and dra_version is not None:
+        for kind in (kube.Kind.SLICES, kube.Kind.CLAIMS):
+            source = kube.KubeSource(api, kind=kind, timeouts=timeouts, version=dra_version)
+            sink = DraSink(dra, kind=str(kind), scope=source.scope, on_skip=_skips(metrics, kind))
+            pairs.append((source, sink))
     if options.nodes:
         node_source = kube.KubeSource(api, kind=kube.Kind.NODES, timeouts=timeouts)
         node_sink = NodeSink(

@@ -172,8 +172,11 @@ class PodSink(_StoreSink):
         in_scope: Callable[[str, Mapping[str, str]], bool],
         on_skip: Skip | None = None,
         sharing: Sharing | None = None,
+        after: Callable[[], None] | None = None,
     ) -> None:
         super().__init__(engine, scope=scope, on_skip=on_skip)
+        self.after = after
+        """Called after each write (the DRA claims waiting for their pods: `watch_dra`)."""
         self.teams = teams
         self.in_scope = in_scope
         self.sharing = sharing
@@ -221,6 +224,8 @@ class PodSink(_StoreSink):
             ),
         )
         self._waits_seen_ms = at_ms
+        if self.after is not None:
+            self.after()
         if gone:
             log.info(
                 "closed %d pods gone while unwatched", len(gone), extra={"rv": resource_version}
@@ -255,6 +260,8 @@ class PodSink(_StoreSink):
         )
         if refresh:
             self._waits_seen_ms = at_ms
+        if self.after is not None and records:
+            self.after()
         return len(records)
 
     def _still_waiting(self, conn: Connection, at_ms: int) -> int:

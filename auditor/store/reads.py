@@ -435,3 +435,27 @@ def shifted_copy(
         ):
             return off
     return None
+
+
+def pod_spans(
+    conn: Connection, uids: Sequence[str]
+) -> dict[str, tuple[str | None, int | None, int | None]]:
+    """Per stored pod of `uids`: its node, when it began to hold (bound, else created, else
+    started) and when it released (finished or deleted, the first; None while it holds)."""
+    out: dict[str, tuple[str | None, int | None, int | None]] = {}
+    wanted = sorted(set(uids))
+    for start in range(0, len(wanted), 500):
+        stmt = select(
+            pods.c.uid,
+            pods.c.node,
+            pods.c.bound_ms,
+            pods.c.created_ms,
+            pods.c.started_ms,
+            pods.c.finished_ms,
+            pods.c.deleted_ms,
+        ).where(pods.c.uid.in_(wanted[start : start + 500]))
+        for uid, node, bound, created, started, finished, deleted in conn.execute(stmt):
+            begin = next((t for t in (bound, created, started) if t is not None), None)
+            ends = [t for t in (finished, deleted) if t is not None]
+            out[uid] = (node, begin, min(ends) if ends else None)
+    return out

@@ -20,6 +20,7 @@ from auditor.agents.watch import kube
 from auditor.agents.watch.metrics import WatchMetrics
 from auditor.agents.watch.watcher import Backoff, LoopOptions, Reflector
 from auditor.jobs import open_store
+from auditor.jobs.watch_dra import DraSink, WatchedDra
 from auditor.jobs.watch_sinks import NodeSink, PodSink, requests_gpus, scope_filter
 from auditor.settings import TeamRules
 from auditor.store import migrate
@@ -39,7 +40,8 @@ class Harness:
         migrate.upgrade(db_url)
         self.engine: Engine = open_store(db_url)
         self.api = kube.connect(kubeconfig=str(server.kubeconfig(tmp / "kubeconfig")))
-        self.metrics = WatchMetrics(("pods", "nodes"))
+        self.metrics = WatchMetrics(("pods", "nodes", "resourceclaims", "resourceslices"))
+        self.dra: WatchedDra | None = None
         self.stop = threading.Event()
         self.threads: list[threading.Thread] = []
 
@@ -50,7 +52,14 @@ class Harness:
         namespace: str | None = None,
         timeouts: kube.Timeouts = TIMEOUTS,
     ) -> Reflector:
-        source = kube.KubeSource(self.api, kind=kind, namespace=namespace, timeouts=timeouts)
+        version = kube.dra_version(self.api) if kind in kube.DRA_KINDS else None
+        source = kube.KubeSource(
+            self.api,
+            kind=kind,
+            namespace=namespace,
+            timeouts=timeouts,
+            version=version or kube.DRA_VERSIONS[0],
+        )
         sink: Any
         if kind is kube.Kind.PODS:
             sink = PodSink(
@@ -59,6 +68,15 @@ class Harness:
                 teams=TeamRules(),
                 in_scope=scope_filter(namespace, None),
                 on_skip=lambda reason: self.metrics.skipped("pods", reason),
+                after=self.dra.retry if self.dra is not None else None,
+            )
+        elif kind in kube.DRA_KINDS:
+            assert self.dra is not None
+            sink = DraSink(
+                self.dra,
+                kind=str(kind),
+                scope=source.scope,
+                on_skip=lambda reason: self.metrics.skipped(str(kind), reason),
             )
         else:
             sink = NodeSink(
@@ -72,10 +90,16 @@ class Harness:
         )
 
     @contextmanager
-    def running(self, *, namespace: str | None = None, nodes: bool = False) -> Iterator[Harness]:
-        """Watch while the block runs; the loops are stopped (and joined) after it."""
+    def running(
+        self, *, namespace: str | None = None, nodes: bool = False, dra: bool = False
+    ) -> Iterator[Harness]:
+        """Watch while the block runs; the loops are stopped (and joined) after it. With
+        `dra`, claims and slices too (a fresh memory of them, as a started watcher has)."""
         self.stop = threading.Event()
         kinds = [kube.Kind.PODS, kube.Kind.NODES] if nodes else [kube.Kind.PODS]
+        self.dra = WatchedDra(self.engine) if dra else None
+        if dra:
+            kinds += [kube.Kind.CLAIMS, kube.Kind.SLICES]
         self.threads = [
             threading.Thread(target=self.reflector(kind=k, namespace=namespace).run, daemon=True)
             for k in kinds

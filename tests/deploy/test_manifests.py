@@ -184,13 +184,18 @@ def test_checkov_passes_every_case_with_every_skip_justified(tmp_path: Path) -> 
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_rbac_reads_pods_and_nodes_and_nothing_else(case: str) -> None:
+def test_rbac_reads_pods_nodes_and_claims_and_nothing_else(case: str) -> None:
     objs = objects(case)
     main = values(case)["namespaces"]["main"]
     roles = [o for o in objs if o["kind"] in ("ClusterRole", "Role")]
     assert [r["metadata"]["name"] for r in roles] == ["gpu-auditor-watcher"]
     assert roles[0]["rules"] == [
-        {"apiGroups": [""], "resources": ["pods", "nodes"], "verbs": ["get", "list", "watch"]}
+        {"apiGroups": [""], "resources": ["pods", "nodes"], "verbs": ["get", "list", "watch"]},
+        {
+            "apiGroups": ["resource.k8s.io"],
+            "resources": ["resourceclaims", "resourceslices"],
+            "verbs": ["get", "list", "watch"],
+        },
     ]
     bindings = [o for o in objs if o["kind"] in ("ClusterRoleBinding", "RoleBinding")]
     assert [b["subjects"] for b in bindings] == [

@@ -1,10 +1,12 @@
 """The only module that talks to the Kubernetes client: list and watch, as plain dicts.
 
-Pods and nodes are read as raw JSON (`_preload_content=False`), so the rest of the auditor
-sees the API's own shape (camelCase keys, RFC 3339 times), exactly what `kubectl -o json`
-writes and `auditor.collect.pod_records` reads. Client failures become two exceptions the
-watcher acts on: `Expired` (410 Gone, at connect or as an ERROR event in the stream: relist)
-and `Unavailable` (anything else: back off, then watch again from where it was).
+Pods and nodes (and Dynamic Resource Allocation's ResourceClaims and ResourceSlices, in the
+first `resource.k8s.io` version the cluster serves: `dra_version`) are read as raw JSON
+(`_preload_content=False`), so the rest of the auditor sees the API's own shape (camelCase
+keys, RFC 3339 times), exactly what `kubectl -o json` writes and `auditor.collect` reads.
+Client failures become two exceptions the watcher acts on: `Expired` (410 Gone, at connect
+or as an ERROR event in the stream: relist) and `Unavailable` (anything else: back off,
+then watch again from where it was).
 
 A watch asks the server to end it after `timeout_s` and sets a client read timeout, so a
 stream that goes silent (a stalled proxy, a half-open connection) ends with `Unavailable`
@@ -27,6 +29,13 @@ from auditor.settings import CONNECT_TIMEOUT_S, READ_TIMEOUT_S
 class Kind(StrEnum):
     PODS = "pods"
     NODES = "nodes"
+    CLAIMS = "resourceclaims"
+    SLICES = "resourceslices"
+
+
+DRA_KINDS = frozenset({Kind.CLAIMS, Kind.SLICES})
+DRA_VERSIONS = ("v1", "v1beta2", "v1beta1")
+"""The `resource.k8s.io` versions read, the first a cluster serves wins (v1: 1.34 on)."""
 
 
 class Expired(AuditorError):
@@ -80,9 +89,12 @@ class KubeSource:
         namespace: str | None = None,
         selector: str | None = None,
         timeouts: Timeouts = Timeouts(),
+        version: str = DRA_VERSIONS[0],
     ) -> None:
         self._api = api
         self.kind = kind
+        self.version = version
+        """The `resource.k8s.io` version of a ResourceClaim or ResourceSlice source."""
         self.namespace = namespace if kind is Kind.PODS else None
         self.selector = selector if kind is Kind.PODS else None
         self._timeouts = (timeouts.connect_s, timeouts.read_s)
@@ -98,6 +110,11 @@ class KubeSource:
         kwargs.update(_preload_content=False, _request_timeout=self._timeouts)
         if self.kind is Kind.NODES:
             return _request(self._api.list_node, **kwargs)
+        if self.kind in DRA_KINDS:
+            resource = _resource_api(self._api, self.version)
+            if self.kind is Kind.CLAIMS:
+                return _request(resource.list_resource_claim_for_all_namespaces, **kwargs)
+            return _request(resource.list_resource_slice, **kwargs)
         if self.selector:
             kwargs["label_selector"] = self.selector
         if self.namespace:
@@ -195,6 +212,34 @@ def _request(method: Any, *args: Any, **kwargs: Any) -> Any:
         raise (Expired(message) if _expired(e.status, message) else Unavailable(message)) from e
     except Exception as e:  # refused, reset, DNS, TLS: the client's transport errors
         raise Unavailable(f"cannot reach the API: {type(e).__name__}: {e}") from e
+
+
+def _resource_api(api: Any, version: str) -> Any:
+    from kubernetes import client
+
+    name = {"v1": "ResourceV1Api", "v1beta2": "ResourceV1beta2Api", "v1beta1": "ResourceV1beta1Api"}
+    return getattr(client, name[version])(api.api_client)
+
+
+def dra_version(api: Any, *, timeouts: Timeouts = Timeouts()) -> str | None:
+    """The `resource.k8s.io` version to read ResourceClaims and ResourceSlices in: the first
+    of `DRA_VERSIONS` the cluster serves; None where it serves none (no DRA: before 1.32, or
+    the group turned off). `Unavailable` where the API cannot be asked."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        group = client.ResourceApi(api.api_client).get_api_group(
+            _request_timeout=(timeouts.connect_s, timeouts.read_s)
+        )
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise Unavailable(f"cannot discover {e.status} {e.reason}") from e
+    except Exception as e:
+        raise Unavailable(f"cannot reach the API: {type(e).__name__}: {e}") from e
+    served = {v.version for v in (group.versions or [])}
+    return next((v for v in DRA_VERSIONS if v in served), None)
 
 
 def connect(*, kubeconfig: str | None = None, context: str | None = None) -> Any:
