@@ -43,6 +43,8 @@ METRIC_MAX = 200
 UNIT_MAX = 64
 REASON_MAX = 64
 """A scheduler's condition reason (`Unschedulable`, `SchedulingGated`)."""
+SOURCE_MAX = 1000
+"""Where an import read from, as its ledger records it: a file's path, a Prometheus URL."""
 MESSAGE_MAX = 300
 """A scheduler's message as stored (cut with an ellipsis beyond)."""
 """An output unit: `tokens`, `requests`, `samples`, `steps`."""

@@ -37,6 +37,8 @@ import_app.command("nvidia-smi")(imports.import_nvidia_smi)
 import_app.command("pods")(imports.import_pods)
 import_app.command("prometheus")(imports.import_prometheus)
 import_app.command("outputs")(imports.import_outputs)
+import_app.command("list")(imports.import_list)
+import_app.command("undo")(imports.import_undo)
 
 export_app.command("finance")(reports.export_finance)
 

@@ -36,7 +36,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 import_app = typer.Typer(
-    help="Import GPU samples and pod records from files.", no_args_is_help=True
+    help="Import GPU samples and pod records from files; list imports, take one back.",
+    no_args_is_help=True,
 )
 db_app = typer.Typer(help="Manage the database schema (Alembic migrations).", no_args_is_help=True)
 export_app = typer.Typer(help="Export audit results for other systems.", no_args_is_help=True)

@@ -1,11 +1,14 @@
-"""`auditor import nvidia-smi|pods|prometheus|outputs`: read files or Prometheus into the store.
+"""`auditor import nvidia-smi|pods|prometheus|outputs|list|undo`: read files or Prometheus
+into the store; list the imports, take one back.
 
 Each file is its own transaction (`each_file`): a refused one is named and the others go in.
+Each import is recorded in the ledger with an id (`auditor.store.ledger`), which its line
+names and `import undo` takes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -84,7 +87,7 @@ def import_nvidia_smi(
         already = f" ({stats.already} already stored)" if stats.already else ""
         typer.echo(
             f"imported {stats.rows} samples of {stats.gpus} GPUs from {file} in "
-            f"{stats.seconds:.1f}s{already}"
+            f"{stats.seconds:.1f}s{already}, import {stats.import_id}"
         )
         if stats.shifted_ms is not None and stats.rows:  # said once, when the copy is made
             hours = abs(stats.shifted_ms) / 3_600_000
@@ -92,7 +95,8 @@ def import_nvidia_smi(
             echo_err(
                 f"auditor: warning: {terminal_safe(str(file))}: its first readings are stored "
                 f"already, {hours:g} h {way}: the same log imported before with another --tz? "
-                "Both copies are now stored."
+                f"Both copies are now stored; `auditor import undo {stats.import_id}` takes "
+                "this one back."
             )
 
     each_file(files, one)
@@ -147,7 +151,7 @@ def import_pods(
             stats = jobs.import_pods(state.db_url, file, config=state.config(), progress=progress)
         typer.echo(
             f"imported {stats.rows} GPU pod records and {stats.nodes} nodes from {file} in "
-            f"{stats.seconds:.1f}s"
+            f"{stats.seconds:.1f}s, import {stats.import_id}"
         )
         if stats.claims:
             typer.echo(
@@ -250,6 +254,7 @@ def import_prometheus(
         f"imported {stats.samples} samples of {stats.gpus} GPUs and {stats.holdings} GPU -> pod "
         f"assignments from {redact(url)} in {stats.seconds:.1f}s"
         + (f" ({stats.already} samples already stored)" if stats.already else "")
+        + f", import {stats.import_id}"
         + (f"; {terminal_safe(sources)}" if sources else "")
     )
     if stats.pod_signals or stats.card_signals:
@@ -365,3 +370,89 @@ def import_outputs(
             "import the pods, then run this import again",
             err=True,
         )
+
+
+def _utc(ms: int | None) -> str:
+    from datetime import UTC, datetime
+
+    if ms is None:
+        return "-"
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _options(options: Mapping[str, object]) -> str:
+    """An import's options as the user gave them: `node=node-a tz=Europe/Berlin`."""
+    out = []
+    for key, value in options.items():
+        if key in ("start_ms", "end_ms") and isinstance(value, int):
+            out.append(f"{key.removesuffix('_ms')}={_utc(value)}")
+        elif isinstance(value, dict):
+            out += [f"{key}={k}={v}" for k, v in value.items()]
+        elif isinstance(value, list):
+            out += [f"{key}={v}" for v in value]
+        else:
+            out.append(f"{key}={value}")
+    return " ".join(out)
+
+
+def import_list() -> None:
+    """List the imports recorded in the database, oldest first: id, when, kind, rows written,
+    cards, the first and last sample time, the options that change meaning, the source."""
+    from auditor import jobs
+
+    with user_errors():
+        entries = jobs.list_imports(state.db_url)
+    if not entries:
+        typer.echo("no imports recorded")
+        return
+    typer.echo("id\timported\tkind\trows\tcards\tsamples from..to\toptions\tsource")
+    for e in entries:
+        samples = "-" if e.first_ms is None else f"{_utc(e.first_ms)}..{_utc(e.last_ms)}"
+        fields = [
+            str(e.id),
+            _utc(e.created_ms),
+            e.kind,
+            str(e.rows_written),
+            str(e.cards),
+            samples,
+            _options(e.options) or "-",
+            redact(e.source),
+        ]
+        if e.undone_ms is not None:
+            fields.append(f"(taken back {_utc(e.undone_ms)})")
+        typer.echo("\t".join(terminal_safe(f) for f in fields))
+
+
+def import_undo(
+    import_id: Annotated[
+        int, typer.Argument(metavar="ID", help="The import's id, as `auditor import list` shows.")
+    ],
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Say what would be removed; change nothing.")
+    ] = False,
+) -> None:
+    """Take one nvidia-smi or Prometheus import back: delete exactly the samples it wrote,
+    the cards it added that nothing else refers to, and the audit runs that counted them
+    (their windows are named: audit them again). Pods and outputs imports are refused."""
+    from auditor import jobs
+
+    with user_errors():
+        done = jobs.undo_import(state.db_url, import_id, dry_run=dry_run)
+    e = done.entry
+    what = terminal_safe(
+        f"{e.kind} {redact(e.source)}" + (f" ({_options(e.options)})" if e.options else "")
+    )
+    cards = f", and {len(done.gpus)} cards it had added" if done.gpus else ""
+    verb = "would take" if dry_run else "took"
+    typer.echo(f"{verb} back import {e.id}, {what}: {done.samples} samples{cards}")
+    if done.runs:
+        ids = ", ".join(str(r.id) for r in done.runs)
+        removed = "would be deleted" if dry_run else "were deleted"
+        echo_err(
+            f"auditor: warning: audit runs {ids} counted these samples and {removed}; "
+            "audit their windows again:"
+        )
+        for window in dict.fromkeys((r.start_ms, r.end_ms) for r in done.runs):
+            echo_err(f"  auditor audit --start {_utc(window[0])} --end {_utc(window[1])}")
+    if dry_run:
+        typer.echo("nothing was changed (--dry-run)")

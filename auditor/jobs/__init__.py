@@ -42,6 +42,7 @@ from auditor.jobs.reports import (
 )
 from auditor.jobs.retention import RetentionStats, rollup
 from auditor.jobs.services import SampleOptions, WatchOptions, sample, watch
+from auditor.jobs.undo import list_imports, undo_import
 from auditor.jobs.whatif import whatif
 from auditor.model import Selection
 
@@ -79,6 +80,7 @@ __all__ = [
     "import_outputs_prometheus",
     "import_pods",
     "import_prometheus",
+    "list_imports",
     "open_store",
     "parse_node_options",
     "parse_side",
@@ -89,6 +91,7 @@ __all__ = [
     "simulate",
     "store_latency_rows",
     "truth_check",
+    "undo_import",
     "watch",
     "whatif",
 ]

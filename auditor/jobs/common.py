@@ -31,6 +31,8 @@ class ImportStats:
     shifted_ms: int | None = None
     """Where the store already held the file's first readings this many ms away (the same
     file imported before with another `--tz`); None where it did not."""
+    import_id: int | None = None
+    """The import's id in the ledger (`auditor import list|undo`)."""
 
 
 def open_store(url: str, *, read_only: bool = False) -> Engine:

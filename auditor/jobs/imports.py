@@ -51,6 +51,7 @@ def import_nvidia_smi(
 
     from auditor.collect.nvidia_smi import read_nvidia_smi_blocks
     from auditor.model import GpuRecord
+    from auditor.store import ledger
     from auditor.store.bulk import Columns, write_columns
     from auditor.store.writes import upsert_gpus
 
@@ -60,7 +61,19 @@ def import_nvidia_smi(
     known: dict[str, GpuRecord] = {}
     ids: dict[str, int] = {}
     lines: dict[str, int] = {}
+    span: tuple[int, int] | None = None
+    options: dict[str, Any] = {"node": node, "tz": str(tz or UTC)}
+    if columns is not None:
+        options["columns"] = ",".join(columns)
     with engine.begin() as conn:
+        import_id = ledger.begin(
+            conn,
+            kind="nvidia-smi",
+            source=str(path.absolute()),
+            options=options,
+            now_ms=int(time.time() * 1000),
+        )
+        before = ledger.last_gpu_id(conn)
         blocks = read_nvidia_smi_blocks(
             path,
             node=node,
@@ -85,8 +98,19 @@ def import_nvidia_smi(
                 shifted = _shifted(conn, block, gpu_of)
                 first = False
             batch = Columns(gpu_of[block.which], block.ts_ms, block.columns)
-            rows += write_columns(conn, batch)
+            rows += write_columns(conn, batch, import_id=import_id)
             offered += len(block)
+            if len(block):
+                lo, hi = int(block.ts_ms.min()), int(block.ts_ms.max())
+                span = (lo, hi) if span is None else (min(span[0], lo), max(span[1], hi))
+        ledger.finish(
+            conn,
+            import_id,
+            rows_written=rows,
+            gpu_ids=ids.values(),
+            gpus_created=[i for i in ids.values() if i > before],
+            span=span,
+        )
     return ImportStats(
         str(path),
         rows,
@@ -94,6 +118,7 @@ def import_nvidia_smi(
         time.perf_counter() - started,
         already=offered - rows,
         shifted_ms=shifted,
+        import_id=import_id,
     )
 
 
@@ -144,6 +169,8 @@ class PodImportStats:
     dra_pending: int = 0
     """Claims reserved for a pod the store does not hold, or naming a device no slice of
     the file publishes: they gave nothing."""
+    import_id: int | None = None
+    """The import's id in the ledger (`auditor import list`)."""
 
 
 def import_pods(
@@ -161,6 +188,7 @@ def import_pods(
     from auditor.collect.shares import hami_assignments
     from auditor.jobs.dra import write_cards, write_holds
     from auditor.model import PodRecord
+    from auditor.store import ledger
     from auditor.store.outages import record_node_states
     from auditor.store.writes import upsert_exact_assignments, upsert_nodes, upsert_pods
 
@@ -170,6 +198,13 @@ def import_pods(
     nodes: set[str] = set()
     dra = DraState()
     with engine.begin() as conn:
+        import_id = ledger.begin(
+            conn,
+            kind="pods",
+            source=str(path.absolute()),
+            options={},
+            now_ms=int(time.time() * 1000),
+        )
         records = read_kubectl(
             path, teams=config.teams, on_progress=progress, sharing=config.sharing
         )
@@ -194,6 +229,7 @@ def import_pods(
             nodes.update(r["name"] for r in node_rows)
         write_cards(conn, dra.devices.values(), file=str(path))
         written = write_holds(conn, dra)
+        ledger.finish(conn, import_id, rows_written=rows)
     return PodImportStats(
         str(path),
         rows,
@@ -202,6 +238,7 @@ def import_pods(
         claims=len(dra.claims),
         dra_assignments=written.assignments,
         dra_pending=len(written.pending),
+        import_id=import_id,
     )
 
 
@@ -230,6 +267,8 @@ class PrometheusImportStats:
     signals_bad: Mapping[str, int] = field(default_factory=dict)
     """Metric or signal -> points skipped as bad input (not a number, infinite, negative,
     or past its bound)."""
+    import_id: int | None = None
+    """The import's id in the ledger (`auditor import list|undo`)."""
 
 
 def import_prometheus(
@@ -267,6 +306,8 @@ def import_prometheus(
         read_chunk,
     )
     from auditor.model import GpuRecord
+    from auditor.redact import redact
+    from auditor.store import ledger
     from auditor.store.sample_sink import resolve_holdings
     from auditor.store.schema import gpus
     from auditor.store.signals import pods_in_window
@@ -300,7 +341,22 @@ def import_prometheus(
     node_of: dict[str, str] = {}  # GPU UUID -> where its node came from, first chunk's
     signal_stats = SignalStats()
     written = [0, 0, 0]  # pod rows, card rows, unmatched rows
+    span: tuple[int, int] | None = None
     with engine.begin() as conn:
+        import_id = ledger.begin(
+            conn,
+            kind="prometheus",
+            source=redact(client.url),
+            options={
+                "start_ms": start_ms,
+                "end_ms": end_ms,
+                "step_s": step_s,
+                **({"node": dict(sorted(given.items()))} if given else {}),
+                **({"node_label": list(labels)} if node_labels is not None else {}),
+            },
+            now_ms=int(time.time() * 1000),
+        )
+        before = ledger.last_gpu_id(conn)
         stored = {str(u): str(n) for u, n in conn.execute(select(gpus.c.uuid, gpus.c.node))}
         resolver = NodeResolver(labels, given=given, stored=stored)
         card_ids = {str(u): int(i) for u, i in conn.execute(select(gpus.c.uuid, gpus.c.id))}
@@ -317,8 +373,10 @@ def import_prometheus(
                 ids.update(upsert_gpus(conn, new))
                 known.update((g.uuid, g) for g in new)
             for batch in batched(iter(chunk.samples), BATCH_ROWS):
-                samples += insert_samples(conn, batch, ids)
+                samples += insert_samples(conn, batch, ids, import_id=import_id)
                 offered += len(batch)
+                lo, hi = min(s.ts_ms for s in batch), max(s.ts_ms for s in batch)
+                span = (lo, hi) if span is None else (min(span[0], lo), max(span[1], hi))
             seen, left = resolve_holdings(conn, chunk.holdings, ids, slack_ms=step_ms)
             upsert_assignments(conn, seen, source="dcgm-exporter")
             pairs.update((uid, gpu_id) for uid, gpu_id, _ in seen)
@@ -341,6 +399,14 @@ def import_prometheus(
                 f"no dcgm-exporter samples in Prometheus at {client.url} for this window",
                 field="--start",
             )
+        ledger.finish(
+            conn,
+            import_id,
+            rows_written=samples,
+            gpu_ids=ids.values(),
+            gpus_created=[i for i in ids.values() if i > before],
+            span=span,
+        )
     return PrometheusImportStats(
         samples,
         len(node_of),  # GPUs with samples (not a MIG instance's card, recorded for its slices)
@@ -354,6 +420,7 @@ def import_prometheus(
         card_signals=written[1],
         signals_unmatched=written[2],
         signals_bad=dict(sorted(signal_stats.bad.items())),
+        import_id=import_id,
     )
 
 

@@ -13,10 +13,12 @@ from typing import TYPE_CHECKING, Any
 from auditor.errors import InputError
 from auditor.jobs.common import open_store
 from auditor.model import Selection, Window
+from auditor.redact import redact
 from auditor.timespec import parse_instant
 
 if TYPE_CHECKING:
     import pandas as pd
+    from sqlalchemy import Connection
 
     from auditor.collect.prometheus import Auth
     from auditor.report.compare import Comparison, Side
@@ -104,6 +106,7 @@ def import_outputs_csv(url: str, path: Path) -> OutputsImportStats:
                 )
         _refuse_duplicates(out, path)
         write_outputs(conn, out)
+        _record(conn, source=str(path.absolute()), options={}, rows=len(out))
     return OutputsImportStats(
         rows=len(out),
         latency_rows=0,
@@ -112,6 +115,16 @@ def import_outputs_csv(url: str, path: Path) -> OutputsImportStats:
         resets=0,
         seconds=time.perf_counter() - started,
     )
+
+
+def _record(conn: Connection, *, source: str, options: dict[str, Any], rows: int) -> None:
+    """The outputs import's ledger row (listed; it cannot be taken back: `store.ledger`)."""
+    from auditor.store import ledger
+
+    import_id = ledger.begin(
+        conn, kind="outputs", source=source, options=options, now_ms=int(time.time() * 1000)
+    )
+    ledger.finish(conn, import_id, rows_written=rows)
 
 
 def _refuse_duplicates(rows: list[dict[str, Any]], path: Path) -> None:
@@ -239,6 +252,12 @@ def import_outputs_prometheus(
         n = write_outputs(conn, list(out.values()))
         m = write_latency(conn, list(lat.values()))
         q_rows = write_pod_signals(conn, queue_rows)
+        _record(
+            conn,
+            source=redact(prometheus_url),
+            options={"start_ms": window[0], "end_ms": window[1], "step_s": step_s},
+            rows=n,
+        )
     return OutputsImportStats(
         rows=n,
         latency_rows=m,

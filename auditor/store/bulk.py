@@ -11,6 +11,11 @@ feed, so costs one `COPY` into the indexed table; a replay costs the merge.
 SQLite: one `executemany` of `INSERT OR IGNORE` in the caller's transaction; the table is
 `WITHOUT ROWID`, clustered on its key, so the insert maintains one B-tree, not two.
 
+An import passes its ledger id (`import_id`, `auditor.store.ledger`): every row it stores
+carries it, as a constant of the statement on SQLite and one fixed field of each binary
+record on PostgreSQL, so tagging costs no work per row; a key stored already keeps the id
+of the import that wrote it. The sampler passes none (NULL).
+
 A batch comes as tuples (`write_rows`) or column by column (`write_columns`, the importers'
 hot path): numpy arrays become the binary `COPY` stream in a few vectorised steps per
 pattern of NULLs, and SQLite's parameters by one `tolist` per column; no object per row
@@ -42,6 +47,7 @@ _PG_TYPES = [
     *("varchar" if c in SAMPLE_TEXT_FIELDS else "float8" for c in SAMPLE_COLUMNS),
 ]
 _COLS = ", ".join(ROW_COLUMNS)
+_TAG = "import_id"
 _SAVEPOINT = "auditor_bulk_samples"
 
 _PG_SIGNATURE = b"PGCOPY\n\xff\r\n\x00" + bytes(8)
@@ -152,10 +158,11 @@ class Columns:
                 columns.append(value.tolist())
         return zip(*columns, strict=True)
 
-    def pg_binary(self) -> bytes:
-        """The rows as one binary COPY stream (`ROW_COLUMNS`, `_PG_TYPES`), header and
-        trailer included. Rows are grouped by which of their values are NULL (and the
-        length of their text), each group one fixed record layout filled column-wise."""
+    def pg_binary(self, import_id: int | None = None) -> bytes:
+        """The rows as one binary COPY stream (`ROW_COLUMNS`, `_PG_TYPES`, then `import_id`
+        as int4 when given), header and trailer included. Rows are grouped by which of their
+        values are NULL (and the length of their text), each group one fixed record layout
+        filled column-wise."""
         n = len(self)
         present: list[npt.NDArray[np.bool_] | None] = []
         pattern = np.zeros(n, np.int64)
@@ -180,7 +187,7 @@ class Columns:
             rows = np.flatnonzero(inverse == k) if len(kinds) > 1 else None
             count = n if rows is None else len(rows)
             fields: list[tuple[str, str]] = [("n", ">i2")]
-            fill: list[tuple[str, Any]] = [("n", len(ROW_COLUMNS))]
+            fill: list[tuple[str, Any]] = [("n", len(ROW_COLUMNS) + (import_id is not None))]
             for i, (name, pg_type) in enumerate(zip(ROW_COLUMNS, _PG_TYPES, strict=True)):
                 fields.append((f"l{i}", ">i4"))
                 if i >= 2 and not (kind >> (i - 2)) & 1:
@@ -204,6 +211,9 @@ class Columns:
                 fields.append((f"v{i}", _PG_VALUE[pg_type]))
                 fill.append((f"l{i}", 4 if pg_type == "int4" else 8))
                 fill.append((f"v{i}", column if rows is None else column[rows]))
+            if import_id is not None:
+                fields += [("lt", ">i4"), ("vt", ">i4")]
+                fill += [("lt", 4), ("vt", import_id)]
             record = np.empty(count, np.dtype(fields))
             for field, value in fill:
                 record[field] = value
@@ -228,31 +238,40 @@ def object_spans(rows: Iterable[Row]) -> tuple[dict[int, tuple[int, int]], bool]
     return spans, repeats
 
 
-def write_rows(conn: Connection, rows: Sequence[Row], *, spans: Spans, repeats: bool) -> int:
+def write_rows(
+    conn: Connection,
+    rows: Sequence[Row],
+    *,
+    spans: Spans,
+    repeats: bool,
+    import_id: int | None = None,
+) -> int:
     """Insert sample rows, skipping keys already stored, in the caller's transaction.
 
     `spans` and `repeats` describe the batch (`frame_rows`, `object_spans`); they only choose
-    the path, never the outcome. Returns the rows newly stored (keys already stored, and
-    repeats within the batch, are not counted).
+    the path, never the outcome. `import_id`: the ledger id every stored row carries (None:
+    NULL). Returns the rows newly stored (keys already stored, and repeats within the batch,
+    are not counted).
     """
     if not rows:
         return 0
     if conn.dialect.name == "postgresql":
-        return _pg_write(conn, rows, len(rows), spans=spans, repeats=repeats)
-    return _sqlite_write(conn, rows)
+        return _pg_write(conn, rows, len(rows), spans=spans, repeats=repeats, import_id=import_id)
+    return _sqlite_write(conn, rows, import_id)
 
 
-def write_columns(conn: Connection, batch: Columns) -> int:
+def write_columns(conn: Connection, batch: Columns, *, import_id: int | None = None) -> int:
     """`write_rows` of a batch held column by column: the same outcome, no tuple per row on
     PostgreSQL. Returns the rows newly stored."""
     if not len(batch):
         return 0
     spans, repeats = batch.spans()
     if conn.dialect.name == "postgresql":
+        payload = batch.in_key_order().pg_binary(import_id)
         return _pg_write(
-            conn, batch.in_key_order().pg_binary(), len(batch), spans=spans, repeats=repeats
+            conn, payload, len(batch), spans=spans, repeats=repeats, import_id=import_id
         )
-    return _sqlite_write(conn, batch.rows())
+    return _sqlite_write(conn, batch.rows(), import_id)
 
 
 _Payload = Sequence[Row] | bytes
@@ -260,21 +279,40 @@ _Payload = Sequence[Row] | bytes
 
 
 def _pg_write(
-    conn: Connection, payload: _Payload, count: int, *, spans: Spans, repeats: bool
+    conn: Connection,
+    payload: _Payload,
+    count: int,
+    *,
+    spans: Spans,
+    repeats: bool,
+    import_id: int | None,
 ) -> int:
+    """`payload`: tuples, or a binary stream that already carries `import_id`."""
     raw = conn.connection.driver_connection
     with raw.cursor() as cur:  # type: ignore[union-attr]
-        if repeats or _any_stored(cur, spans) or not _copy_direct(cur, payload):
-            return _copy_merge(cur, payload)
+        if (
+            repeats
+            or _any_stored(cur, spans)
+            or not _copy_direct(cur, payload, import_id=import_id)
+        ):
+            return _copy_merge(cur, payload, import_id=import_id)
     return count
 
 
-def _sqlite_write(conn: Connection, rows: Iterable[Row]) -> int:
+def _columns(import_id: int | None) -> str:
+    return _COLS if import_id is None else f"{_COLS}, {_TAG}"
+
+
+def _sqlite_write(conn: Connection, rows: Iterable[Row], import_id: int | None) -> int:
     raw = conn.connection.driver_connection
     marks = ", ".join("?" * len(ROW_COLUMNS))
+    if import_id is not None:  # a constant of the statement: nothing added per row
+        marks += f", {int(import_id)}"
     cursor = raw.cursor()  # type: ignore[union-attr]
     try:
-        cursor.executemany(f"INSERT OR IGNORE INTO gpu_samples ({_COLS}) VALUES ({marks})", rows)
+        cursor.executemany(
+            f"INSERT OR IGNORE INTO gpu_samples ({_columns(import_id)}) VALUES ({marks})", rows
+        )
         stored = int(cursor.rowcount)  # executemany: the sum over the rows
     finally:
         cursor.close()
@@ -293,23 +331,28 @@ def _any_stored(cur: Any, spans: Spans) -> bool:
     return bool(cur.fetchone()[0])
 
 
-def _copy(cur: Any, table: str, payload: _Payload) -> None:
-    with cur.copy(f"COPY {table} ({_COLS}) FROM STDIN (FORMAT BINARY)") as copy:
+def _copy(cur: Any, table: str, payload: _Payload, *, import_id: int | None) -> None:
+    with cur.copy(f"COPY {table} ({_columns(import_id)}) FROM STDIN (FORMAT BINARY)") as copy:
         if isinstance(payload, bytes):
             copy.write(payload)
             return
-        copy.set_types(_PG_TYPES)
+        if import_id is None:
+            copy.set_types(_PG_TYPES)
+            for row in payload:
+                copy.write_row(row)
+            return
+        copy.set_types([*_PG_TYPES, "int4"])
         for row in payload:
-            copy.write_row(row)
+            copy.write_row((*row, import_id))
 
 
-def _copy_direct(cur: Any, payload: _Payload) -> bool:
+def _copy_direct(cur: Any, payload: _Payload, *, import_id: int | None) -> bool:
     """COPY into the table itself; False (and nothing written) where a key was taken."""
     from psycopg import errors
 
     cur.execute(f"SAVEPOINT {_SAVEPOINT}")
     try:
-        _copy(cur, "gpu_samples", payload)
+        _copy(cur, "gpu_samples", payload, import_id=import_id)
     except errors.UniqueViolation:
         cur.execute(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")
         return False
@@ -317,14 +360,15 @@ def _copy_direct(cur: Any, payload: _Payload) -> bool:
     return True
 
 
-def _copy_merge(cur: Any, payload: _Payload) -> int:
+def _copy_merge(cur: Any, payload: _Payload, *, import_id: int | None) -> int:
     cur.execute(
         "CREATE TEMP TABLE IF NOT EXISTS auditor_stage_samples "
         "(LIKE gpu_samples INCLUDING DEFAULTS) ON COMMIT DELETE ROWS"
     )
-    _copy(cur, "auditor_stage_samples", payload)
+    _copy(cur, "auditor_stage_samples", payload, import_id=import_id)
+    cols = _columns(import_id)
     cur.execute(
-        f"INSERT INTO gpu_samples ({_COLS}) SELECT {_COLS} FROM auditor_stage_samples "
+        f"INSERT INTO gpu_samples ({cols}) SELECT {cols} FROM auditor_stage_samples "
         "ON CONFLICT (gpu_id, ts_ms) DO NOTHING"
     )
     stored = int(cur.rowcount)

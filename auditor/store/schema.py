@@ -63,6 +63,7 @@ gpu_samples = Table(
         )
         for name in SAMPLE_FIELDS
     ),
+    Column("import_id", Integer, nullable=True),
     sqlite_with_rowid=False,
 )
 """One row per GPU and timestamp, the table that grows (121 million rows a week at 1,000 GPUs).
@@ -72,7 +73,11 @@ PostgreSQL's COPY into this table 3.75x slower (bench: 2.1 s against 7.8 s per m
 rows), and the one writer (`store.bulk`, called with ids `upsert_gpus` returned in the same
 transaction) cannot break it; nothing deletes GPUs. On SQLite the table is clustered on its
 key (`WITHOUT ROWID`): one B-tree instead of a table and an index, a third fewer bytes per
-sample, and the audit's per-GPU time-range read is one contiguous scan."""
+sample, and the audit's per-GPU time-range read is one contiguous scan.
+
+`import_id` is the `imports` row of the import that wrote the sample (NULL for the sampler's
+and for samples stored before the ledger): a sample an import skipped as stored already
+keeps the import that wrote it, so taking an import back deletes only what it wrote."""
 
 gpu_samples_1m = Table(
     "gpu_samples_1m",
@@ -337,3 +342,27 @@ audit_causes = Table(
 """The causes inside `compute_idle` and `unallocated` per (run, card, pod or none), SPEC §10:
 they sum to the category's `audit_results` seconds; `signalled_seconds` is the part judged
 on a recorded signal (the rest is `no_signal_share`'s)."""
+
+
+imports = Table(
+    "imports",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("kind", String(32), nullable=False),
+    Column("source", String(limits.SOURCE_MAX), nullable=False),
+    Column("options", JSON, nullable=False),
+    Column("created_ms", BigInteger, nullable=False),
+    Column("rows_written", Integer, nullable=False),
+    Column("gpu_ids", JSON, nullable=False),
+    Column("gpus_created", JSON, nullable=False),
+    Column("first_ms", BigInteger, nullable=True),
+    Column("last_ms", BigInteger, nullable=True),
+    Column("undone_ms", BigInteger, nullable=True),
+)
+"""The ledger of imports (`auditor.store.ledger`), one row each, written in the import's own
+transaction: its `kind` (`nvidia-smi`, `prometheus`, `pods`, `outputs`), `source` (the
+file, or the Prometheus URL without credentials), the `options` that change what it means
+(`tz`, `node`; a window), `rows_written` (samples newly stored; pod or output records),
+the cards it offered samples of (`gpu_ids`) and those it added to `gpus`
+(`gpus_created`), the first and last sample time it offered, and when it was taken back
+(`undone_ms`; the row stays, so an id is never given twice)."""

@@ -188,17 +188,22 @@ def _fill(old: GpuRecord, new: GpuRecord) -> GpuRecord:
 
 
 def insert_samples(
-    conn: Connection, samples: Sequence[GpuSample], gpu_ids: Mapping[str, int]
+    conn: Connection,
+    samples: Sequence[GpuSample],
+    gpu_ids: Mapping[str, int],
+    *,
+    import_id: int | None = None,
 ) -> int:
     """Insert samples, skipping any (GPU, timestamp) already stored. Returns rows stored.
 
     The hot path of every import; `auditor.store.bulk` says how each database takes it.
+    `import_id`: the ledger id of the import writing them (None for the sampler).
     """
     rows = [
         (gpu_ids[s.gpu_uuid], s.ts_ms, *(getattr(s, c) for c in SAMPLE_COLUMNS)) for s in samples
     ]
     spans, repeats = object_spans(rows)
-    return write_rows(conn, rows, spans=spans, repeats=repeats)
+    return write_rows(conn, rows, spans=spans, repeats=repeats, import_id=import_id)
 
 
 def _merge_pod(old: PodRecord | None, new: PodRecord) -> PodRecord:

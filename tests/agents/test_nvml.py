@@ -148,6 +148,30 @@ def test_mig_instances_are_gpus_of_their_own_without_utilisation(script: Path) -
     assert reading.samples[0].memory_used_mib == 12.0
 
 
+def test_memory_used_above_the_total_skips_that_device_only(script: Path) -> None:
+    """A whole card is skipped with its signals; a MIG instance alone, its siblings kept.
+    Used equal to the total is a full card, and is read."""
+    full = {**H100, "uuid": "GPU-full", "mem_used": 81559}
+    over = {**H100, "uuid": "GPU-over", "mem_used": 81560}
+    migs = {
+        2: [
+            {
+                "uuid": "MIG-1111",
+                "name": "NVIDIA A100 1g.10gb",
+                "mem_total": 9984,
+                "mem_used": 9985,
+            },
+            {"uuid": "MIG-2222", "name": "NVIDIA A100 3g.40gb", "mem_total": 40192, "mem_used": 0},
+        ]
+    }
+    parent = {**H100, "uuid": "GPU-a100", "mig_max": 7}
+    reading = reader_for(script, render_script([full, over, parent], migs=migs), Clock(T0)).read()
+    assert [s.gpu_uuid for s in reading.samples] == ["GPU-full", "MIG-2222"]
+    assert [c.gpu_uuid for c in reading.card_signals] == ["GPU-full"]
+    assert [(p.index, p.uuid) for p in reading.problems] == [(1, "GPU-over"), (2, "MIG-1111")]
+    assert all("above its total" in p.error for p in reading.problems)
+
+
 def test_a_lost_gpu_costs_only_itself_and_comes_back(script: Path) -> None:
     second = {**H100, "uuid": "GPU-bbbb"}
     reader = reader_for(script, render_script([H100, {**second, "lost": 1}]), Clock(T0))

@@ -154,6 +154,23 @@ def test_a_gpu_lost_mid_run_is_counted_and_the_others_go_on(
     assert rig.metric("device_problems_total") == 1
 
 
+def test_a_card_using_more_memory_than_it_has_is_logged_counted_and_skipped(
+    store: str, script: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    rig = Rig(store, tmp=tmp_path, socket=None)
+    rig.passes(1)
+    write_script(script, render_script([GPU_A, {**GPU_B, "mem_used": 81560, "mem_total": 81559}]))
+    with caplog.at_level("WARNING"):
+        rig.passes(1)
+    write_script(script, render_script([GPU_A, GPU_B]))
+    rig.passes(1)
+    rig.sampler.flush()
+    uuids = [u for u, _, _ in stored(store)]
+    assert (uuids.count("GPU-aaaa"), uuids.count("GPU-bbbb")) == (3, 2)
+    assert rig.metric("device_problems_total") == 1
+    assert "memory used 81560 MiB is above its total 81559 MiB" in caplog.text
+
+
 def test_a_failing_kubelet_costs_only_the_mapping(
     store: str, script: Path, kubelet: FakePodResources, tmp_path: Path
 ) -> None:

@@ -23,6 +23,8 @@ COMMANDS: list[list[str]] = [
     ["import", "pods"],
     ["import", "prometheus"],
     ["import", "outputs"],
+    ["import", "list"],
+    ["import", "undo"],
     ["audit"],
     ["report"],
     ["explain"],

@@ -409,6 +409,8 @@ def test_concatenated_logs_with_different_headers(tmp_path: Path) -> None:
 
 HEADER = "timestamp, index, utilization.gpu [%], memory.used [MiB]\n"
 ROW = "2026/06/24 10:26:34.977, 0, 38 %, 575 MiB\n"
+TOTAL_HEADER = HEADER.replace("\n", ", memory.total [MiB]\n")
+TOTAL_ROW = ROW.replace("\n", ", 81559 MiB\n")
 
 
 @pytest.mark.parametrize(
@@ -426,6 +428,8 @@ ROW = "2026/06/24 10:26:34.977, 0, 38 %, 575 MiB\n"
         (HEADER + ROW.replace("38 %", "nan"), 2, "utilization.gpu", "expected a number"),
         (HEADER + ROW.replace("38 %", ""), 2, "utilization.gpu", "empty value"),
         (HEADER + ROW.replace("575 MiB", "-5 MiB"), 2, "memory.used", "negative"),
+        (TOTAL_HEADER + TOTAL_ROW + TOTAL_ROW.replace("575 MiB", "81560 MiB"), 3,
+         "memory.used", "memory.used 81560 MiB is above memory.total 81559 MiB"),
         (HEADER + ROW.replace(", 0,", ", gpu0,"), 2, "index", "GPU index"),
         (HEADER.replace(", memory.used [MiB]", "") + "2026/06/24 10:26:34.977, 0, 38 %\n", 1,
          "memory.used", "missing required column"),
@@ -447,6 +451,7 @@ ROW = "2026/06/24 10:26:34.977, 0, 38 %, 575 MiB\n"
         "utilization nan",
         "empty utilization",
         "negative memory",
+        "memory used above the total",
         "index not a number",
         "missing required column",
         "noheader with extra columns",
@@ -592,8 +597,9 @@ def logs(draw: st.DrawFn) -> Log:
         index = draw(st.integers(0, 15))
         uuid = f"GPU-{draw(st.uuids())}"
         util = _maybe(draw, st.integers(0, 100).map(float))
-        used = _maybe(draw, st.integers(0, 200_000).map(float))
         total = _maybe(draw, st.integers(0, 200_000).map(float))
+        top = 200_000 if total is None else int(total)  # a card never uses more than it has
+        used = _maybe(draw, st.integers(0, top).map(float))
         power = _maybe(draw, st.integers(0, 100_000).map(lambda centiwatts: centiwatts / 100))
         clock = _maybe(draw, st.integers(0, 3000).map(float))
         temperature = _maybe(draw, st.integers(0, 110).map(float))
@@ -791,6 +797,22 @@ def test_fast_path_gives_the_row_parsers_error_line(tmp_path: Path) -> None:
     with pytest.raises(InputError) as caught:
         list(read_nvidia_smi(path, node="n"))
     assert (caught.value.line, caught.value.field) == (15_003, "utilization.gpu")
+
+
+def test_memory_used_above_the_total_deep_in_a_long_log_names_its_line(tmp_path: Path) -> None:
+    """The fast path gives such a chunk up; the row parser names the line (used equal to
+    the total is a full card, and is read)."""
+    path = tmp_path / "full.csv"
+    lines = [TOTAL_HEADER] + [TOTAL_ROW.replace("575 MiB", "81559 MiB")] * 25_000
+    lines[17_000] = TOTAL_ROW.replace("575 MiB", "81559.5 MiB")
+    path.write_text("".join(lines))
+    with pytest.raises(InputError) as caught:
+        list(read_nvidia_smi(path, node="n"))
+    assert (caught.value.line, caught.value.field) == (17_001, "memory.used")
+    assert "above memory.total" in str(caught.value)
+    lines[17_000] = lines[17_001]
+    path.write_text("".join(lines))
+    assert sum(1 for _ in read_nvidia_smi(path, node="n")) == 25_000
 
 
 @settings(max_examples=60, deadline=None)

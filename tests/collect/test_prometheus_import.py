@@ -485,3 +485,47 @@ def test_a_later_source_names_the_utilisation_source_and_moves_nothing(migrated:
     with open_store(migrated).begin() as conn:
         upsert_gpus(conn, [GpuRecord("GPU-x", "n1", 0, util_source="nvml")])  # no conflict
     assert nodes(migrated) == {"GPU-x": ("n1", "nvml")}
+
+
+def test_a_prometheus_import_is_taken_back_exactly_and_then_its_cards(
+    prometheus: PromServer, migrated: str
+) -> None:
+    """Undo of the second hour's import removes exactly its samples (the first hour's stay,
+    and so do the cards, which the first import added); undo of the first then removes the
+    rest and the cards only it had added, a MIG instance and its card among them."""
+    from auditor.jobs import list_imports, undo_import
+
+    hour = (END - 3600) * 1000
+    before = import_prometheus(
+        migrated, prometheus_url=prometheus.url, window=(hour - 3_600_000, hour), step_s=STEP
+    )
+    engine = make_engine(migrated)
+    with engine.connect() as conn:
+        kept = conn.execute(select(gpu_samples).order_by("gpu_id", "ts_ms")).all()
+        cards = conn.execute(select(gpus).order_by(gpus.c.id)).all()
+    wrong = import_prometheus(
+        migrated,
+        prometheus_url=prometheus.url,
+        window=(hour, END * 1000),
+        step_s=STEP,
+        nodes={"GPU-9999": "node-z"},
+    )
+    assert wrong.samples == 4 * 120
+    assert wrong.import_id == before.import_id + 1
+    entry = list_imports(migrated)[-1]
+    assert (entry.kind, entry.rows_written, entry.options["node"]) == (
+        "prometheus",
+        4 * 120,
+        {"GPU-9999": "node-z"},
+    )
+    done = undo_import(migrated, wrong.import_id)
+    assert (done.samples, done.gpus) == (4 * 120, ())
+    with engine.connect() as conn:
+        assert conn.execute(select(gpu_samples).order_by("gpu_id", "ts_ms")).all() == kept
+        assert conn.execute(select(gpus).order_by(gpus.c.id)).all() == cards
+    done = undo_import(migrated, before.import_id)
+    assert done.samples == len(kept)
+    assert len(done.gpus) == len(cards)
+    with engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(gpus)).scalar() == 0
+    engine.dispose()

@@ -37,10 +37,34 @@ def _part(batch: bulk.Columns, part: slice) -> bulk.Columns:
     )
 
 
-def _stored(engine: Engine) -> list[tuple[Any, ...]]:
+def _stored(engine: Engine, *, tag: bool = False) -> list[tuple[Any, ...]]:
+    """The samples in `ROW_COLUMNS` order, then (`tag`) the import that wrote each."""
+    columns = [gpu_samples.c[c] for c in bulk.ROW_COLUMNS]
+    if tag:
+        columns.append(gpu_samples.c.import_id)
     with engine.connect() as conn:
-        query = select(gpu_samples).order_by(gpu_samples.c.gpu_id, gpu_samples.c.ts_ms)
+        query = select(*columns).order_by(gpu_samples.c.gpu_id, gpu_samples.c.ts_ms)
         return [tuple(r) for r in conn.execute(query)]
+
+
+def test_every_path_tags_the_rows_it_stores_and_only_those(engine: Engine) -> None:
+    """Import 5 appends (direct COPY), import 6 overlaps it (the merge), import 7 comes as
+    tuples over both, the sampler's rows carry none: each stored row names its writer, and
+    a key stored already keeps the import that wrote it."""
+    batch = _batch(4000, seed=2)
+    rows = list(batch.rows())
+    with engine.begin() as conn:
+        assert bulk.write_columns(conn, _part(batch, slice(0, 1000)), import_id=5) == 1000
+        assert bulk.write_columns(conn, _part(batch, slice(500, 2000)), import_id=6) == 1000
+        spans, repeats = bulk.object_spans(rows[:3000])
+        stored = bulk.write_rows(conn, rows[:3000], spans=spans, repeats=repeats, import_id=7)
+        assert stored == 1000
+        spans, repeats = bulk.object_spans(rows[3000:])
+        assert bulk.write_rows(conn, rows[3000:], spans=spans, repeats=repeats) == 1000
+    tags = {r[:2]: r[-1] for r in _stored(engine, tag=True)}
+    expected = [5] * 1000 + [6] * 1000 + [7] * 1000 + [None] * 1000
+    assert [tags[r[:2]] for r in rows] == expected
+    assert _stored(engine) == sorted(rows)
 
 
 def test_columns_store_what_tuples_store_on_every_path(engine: Engine) -> None:

@@ -239,3 +239,43 @@ def test_db_current_and_upgrade_report_the_revision_before_and_after(
         lines = failed.output.strip().splitlines()
         assert len(lines) == 1, failed.output
         assert lines[0].startswith("auditor: error: "), failed.output
+
+
+def test_0010_tags_new_samples_and_leaves_older_ones_untagged_both_ways(engine: Engine) -> None:
+    """Up: samples stored before keep their values and read `import_id` NULL, the ledger
+    starts empty; down: the column and the ledger go, the samples stay; on SQLite the table
+    stays clustered on its key (`WITHOUT ROWID`, 0004) either way."""
+    row = "INSERT INTO gpu_samples (gpu_id, ts_ms, util) VALUES (1, 1000, 50.0)"
+
+    def clustered() -> bool:
+        if engine.dialect.name != "sqlite":
+            return True
+        with engine.connect() as conn:
+            sql = conn.execute(
+                text("SELECT sql FROM sqlite_master WHERE name = 'gpu_samples'")
+            ).scalar_one()
+        return "WITHOUT ROWID" in sql.upper()
+
+    migrate.upgrade(engine, "0009")
+    with engine.begin() as conn:
+        conn.execute(text(row))
+    migrate.upgrade(engine, "0010")
+    assert "imports" in tables(engine)
+    assert clustered()
+    with engine.begin() as conn:
+        assert conn.execute(text("SELECT util, import_id FROM gpu_samples")).all() == [(50.0, None)]
+        conn.execute(
+            text(
+                "INSERT INTO gpu_samples (gpu_id, ts_ms, util, import_id) VALUES (1, 2000, 60.0, 7)"
+            )
+        )
+    migrate.downgrade(engine, "0009")
+    assert "imports" not in tables(engine)
+    assert clustered()
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT ts_ms, util FROM gpu_samples ORDER BY ts_ms")).all() == [
+            (1000, 50.0),
+            (2000, 60.0),
+        ]
+        columns = {c["name"] for c in inspect(conn).get_columns("gpu_samples")}
+    assert "import_id" not in columns

@@ -11,7 +11,9 @@ SM activity comes from GPM (Hopper and later): a GPM sample per card each read, 
 utilisation between it and the previous read's (so the first read of a card has none); a
 card without GPM support has `None`.
 
-A field NVML does not support, or fails to read, is `None`, never 0. A MIG-enabled card is
+A field NVML does not support, or fails to read, is `None`, never 0. A device that says it
+uses more memory than it has is a problem of that pass (logged and counted by the sampler,
+its reading skipped), a MIG instance alone, its siblings kept. A MIG-enabled card is
 reported as its MIG instances (GPUs of their own, NVML has no utilisation for them: `None`),
 not as the parent, whose capacity they share; each names its profile (`1g.10gb`), read from
 the instance's name as NVML gives it ("NVIDIA A100-SXM4-40GB MIG 1g.5gb").
@@ -70,6 +72,11 @@ class DriverError(AuditorError):
     """NVML cannot be used at all (library missing, driver not loaded): the sampler exits."""
 
     exit_code = 4
+
+
+class ImpossibleReading(Exception):
+    """A reading no card can make (more memory used than it has): the device is skipped
+    this pass, as a problem, rather than stored."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,13 +202,22 @@ class NvmlReader:
                 migs = self._mig_handles(handle)
                 if migs:
                     for mig in migs:
-                        self._read_device(
-                            mig,
-                            index=None,
-                            parent=uuid,
-                            window=Window(start_ms, now_ms),
-                            out=(gpus, samples),
-                        )
+                        try:
+                            self._read_device(
+                                mig,
+                                index=None,
+                                parent=uuid,
+                                window=Window(start_ms, now_ms),
+                                out=(gpus, samples),
+                            )
+                        except ImpossibleReading as e:  # this instance only
+                            mig_uuid = _optional(pynvml.nvmlDeviceGetUUID, mig)
+                            problems.append(
+                                DeviceProblem(
+                                    index, None if mig_uuid is None else _text(mig_uuid), str(e)
+                                )
+                            )
+                            continue
                         if self._pods is not None:
                             card_pods |= self._running_pods(mig)
                 else:
@@ -216,7 +232,7 @@ class NvmlReader:
                     if self._pods is not None:
                         tenants += self._tenants(handle, uuid, start_ms)
                         card_pods |= self._running_pods(handle)
-            except pynvml.NVMLError as e:
+            except (pynvml.NVMLError, ImpossibleReading) as e:
                 problems.append(DeviceProblem(index, uuid, str(e)))
         return Reading(
             now_ms,
@@ -326,6 +342,11 @@ class NvmlReader:
         name = _optional(pynvml.nvmlDeviceGetName, handle)
         memory = _optional(pynvml.nvmlDeviceGetMemoryInfo, handle)
         total = None if memory is None else memory.total / MIB
+        if memory is not None and memory.used > memory.total:
+            raise ImpossibleReading(
+                f"memory used {memory.used / MIB:g} MiB is above its total {total:g} MiB: "
+                "reading skipped"
+            )
         power_mw = _optional(pynvml.nvmlDeviceGetPowerUsage, handle)
         throttle = _optional(_throttle_reasons, handle)
         clock = _optional(pynvml.nvmlDeviceGetClockInfo, handle, pynvml.NVML_CLOCK_SM)

@@ -135,6 +135,12 @@ def fast_block(
     util = values[layout.util]
     if (util > 100).any():
         raise Slow
+    columns = _coalesced(values, layout)
+    if (
+        "memory_total_mib" in columns
+        and (columns["memory_used_mib"] > columns["memory_total_mib"]).any()
+    ):  # NaN compares False: a missing reading is no contradiction
+        raise Slow
     ts_ms = _fast_timestamps(
         clock, buf, cell_start[:, layout.timestamp], cell_end[:, layout.timestamp]
     )
@@ -174,15 +180,6 @@ def fast_block(
     except (BadCell, Slow):
         cards.roll_back(checkpoint)
         raise Slow from None
-    columns: dict[str, npt.NDArray[Any]] = {}
-    for sample_name, names, _ in _NUMERIC:
-        present = [layout.names.index(n) for n in names if n in layout.names]
-        if not present:
-            continue
-        value = values[present[0]].copy()
-        for column in present[1:]:
-            value = np.where(np.isnan(value), values[column], value)
-        columns[sample_name] = value
     if throttle is not None:
         matrix = _cell_bytes(buf, cell_start[:, throttle], cell_end[:, throttle])
         texts, inverse = np.unique(matrix.view(f"S{matrix.shape[1]}").ravel(), return_inverse=True)
@@ -199,6 +196,23 @@ def fast_block(
     if clock.latest_ms is None or latest > clock.latest_ms:
         clock.latest_ms = latest
     return SampleBlock(records, groups.astype(np.intp), ts_ms, columns)
+
+
+def _coalesced(
+    values: dict[int, npt.NDArray[np.float64]], layout: Layout
+) -> dict[str, npt.NDArray[Any]]:
+    """Each sample field of `_NUMERIC` the layout has, from its first column with a reading
+    in each row (as the row parser's `first_number`)."""
+    columns: dict[str, npt.NDArray[Any]] = {}
+    for sample_name, names, _ in _NUMERIC:
+        present = [layout.names.index(n) for n in names if n in layout.names]
+        if not present:
+            continue
+        value = values[present[0]].copy()
+        for column in present[1:]:
+            value = np.where(np.isnan(value), values[column], value)
+        columns[sample_name] = value
+    return columns
 
 
 def _fast_numbers(

@@ -151,6 +151,12 @@ class RowParser:
                 layout.util, f"utilization must be 0-100 %, found {shown(cells[layout.util])}"
             )
         memory_total = first_number(cells, layout.memory_total, unit="MiB")
+        memory_used = first_number(cells, (layout.memory_used,), unit="MiB")
+        if memory_used is not None and memory_total is not None and memory_used > memory_total:
+            raise BadCell(
+                layout.memory_used,
+                f"memory.used {memory_used:g} MiB is above memory.total {memory_total:g} MiB",
+            )
         uuid, index = identity(cells, layout, index, node=self.node)
         temperature = None
         if layout.temperature:
@@ -159,7 +165,7 @@ class RowParser:
             gpu_uuid=uuid,
             ts_ms=ts_ms,
             util=util,
-            memory_used_mib=first_number(cells, (layout.memory_used,), unit="MiB"),
+            memory_used_mib=memory_used,
             memory_total_mib=memory_total,
             power_w=first_number(cells, layout.power, unit="W"),
             sm_clock_mhz=first_number(cells, layout.sm_clock, unit="MHz"),

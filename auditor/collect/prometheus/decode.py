@@ -181,7 +181,8 @@ SLOT = {c: i for i, c in enumerate(COLUMNS)}
 
 def sample_of(uuid: str, ms: int, row: list[float | None]) -> tuple[GpuSample, bool]:
     """The sample of one row, and whether its utilisation is GR_ENGINE_ACTIVE x 100 (no
-    GPU_UTIL at that time)."""
+    GPU_UTIL at that time). The memory total is used + free, so used never exceeds it (a
+    negative FB_FREE is refused by `BOUNDS`)."""
     v = dict(zip(COLUMNS, row, strict=True))
     used, free = v["memory_used_mib"], v["memory_free_mib"]
     throttle = v["throttle_reasons"]
