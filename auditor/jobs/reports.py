@@ -40,6 +40,13 @@ def covering_runs(
             f"{what} must start and end on whole UTC hours inside audited runs: try {hint}",
             field="window",
         )
+    if choice.unsplit is not None:
+        a, b = choice.unsplit
+        raise InputError(
+            f"{what} cuts the run of {iso(a)} to {iso(b)}, stored before results were kept "
+            f"per hour: run `auditor audit --start {iso(a)} --end {iso(b)}` again",
+            field="window",
+        )
     if choice.incomplete:
         a, b = choice.incomplete[0]
         raise InputError(

@@ -102,6 +102,9 @@ class SliceChoice:
     off_grid: Window | None
     """Where the window cuts an audited run off its hours: the whole hours around the
     window, to suggest; None where it does not."""
+    unsplit: Window | None = None
+    """A run stored before results were kept per hour that the window would cut: audit
+    it again to read hours of it."""
 
 
 def _complete_windows(
@@ -159,6 +162,9 @@ def choose_slices(runs: pd.DataFrame, *, start_ms: int, end_ms: int) -> SliceCho
             pos = stop
             continue
         if holding:  # audited, but not to be cut here
+            whole_hours = pos % HOUR_MS == 0 and end_ms % HOUR_MS == 0
+            if whole_hours and not any(w[3] for w in holding):
+                return SliceChoice([], [], [], None, Window(*holding[0][:2]))
             return SliceChoice([], [], [], around)
         lacking = [w for w in incomplete if w.start_ms <= pos < w.end_ms]
         if lacking:

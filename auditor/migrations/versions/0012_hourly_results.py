@@ -44,10 +44,11 @@ TABLES = {
 
 
 def upgrade() -> None:
-    with op.batch_alter_table("audit_runs") as batch:
-        batch.add_column(
-            sa.Column("hourly", sa.Boolean(), nullable=False, server_default=sa.false())
-        )
+    # a plain ADD COLUMN: SQLite's batch copy would drop `audit_runs`, and with it, through
+    # ON DELETE CASCADE, every stored result
+    op.add_column(
+        "audit_runs", sa.Column("hourly", sa.Boolean(), nullable=False, server_default=sa.false())
+    )
     for table, (index, _, _) in TABLES.items():
         with op.batch_alter_table(table) as batch:
             batch.add_column(sa.Column("hour_ms", sa.BigInteger(), nullable=True))
@@ -77,5 +78,7 @@ def downgrade() -> None:
         with op.batch_alter_table(table) as batch:
             batch.drop_column("hour_ms")
         op.create_index(index, table, ["run_id"])
-    with op.batch_alter_table("audit_runs") as batch:
-        batch.drop_column("hourly")
+    if op.get_bind().dialect.name == "sqlite":  # SQLite 3.35+ drops a column in place
+        op.execute("ALTER TABLE audit_runs DROP COLUMN hourly")
+    else:
+        op.drop_column("audit_runs", "hourly")
