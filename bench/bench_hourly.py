@@ -68,7 +68,8 @@ with engine.connect() as conn:
             "SELECT COALESCE(SUM(pgsize), 0) FROM dbstat WHERE name IN (SELECT name FROM"
             f" sqlite_master WHERE tbl_name = '{table}')").scalar())
         size[table + "_rows"] = int(conn.exec_driver_sql(f"SELECT COUNT(*) FROM {table}").scalar())
-print(json.dumps({"seconds": seconds,
+import auditor
+print(json.dumps({"seconds": seconds, "tree": auditor.__file__,
                   "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                   **size}))
 """
@@ -76,8 +77,14 @@ print(json.dumps({"seconds": seconds,
 
 def run(code: str, tree: Path, *args: str) -> str:
     env = {**os.environ, "PYTHONPATH": str(tree)}
+    # run from the tree: `python -c` puts the working directory first on the path
     out = subprocess.run(
-        [sys.executable, "-c", code, *args], env=env, check=True, capture_output=True, text=True
+        [sys.executable, "-c", code, *args],
+        env=env,
+        cwd=tree,
+        check=True,
+        capture_output=True,
+        text=True,
     )
     return out.stdout.strip().splitlines()[-1]
 
@@ -112,6 +119,7 @@ def main() -> None:
     card_days = args.gpus * args.days
     print(f"fleet: {args.gpus} GPUs x {args.days:g} days, 5 s period, SQLite; base {args.base}")
     for name, runs in got.items():
+        print(f"  {name:6s} ran {runs[0]['tree']}")
         for r in runs:
             print(f"  {name:6s} audit {r['seconds']:6.2f} s  peak {r['peak_mib']:6.0f} MiB")
         last = runs[-1]

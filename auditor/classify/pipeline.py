@@ -375,8 +375,8 @@ def classify(
             kept = kept.assign(gpu=kept["gpu"].map(lambda g: shared.physical.get(g, g)))
         if hourly is not None:
             hourly = _hourly_on_physical(hourly, shared.physical)
-    if hourly is not None and not unsampled.empty:
-        more = _unsampled_hourly(tenures, sampled, window, cards, hour_ms or 1)
+    if hour_ms is not None and hourly is not None and not unsampled.empty:
+        more = _unsampled_hourly(tenures, sampled, window, cards, hour_ms)
         hourly = pd.concat([hourly, more], ignore_index=True)
     if not unsampled.empty:
         results = pd.concat([results, unsampled], ignore_index=True).sort_values(
