@@ -3,10 +3,10 @@
 Audit results are stored per UTC hour. A daily CronJob's run then answers a report of
 10:00-14:00, a comparison of two afternoons, and a finance week inside a longer run, with
 the figures an audit of that window alone stores. The store here is one of 9 days of
-samples, every 5 minutes on the minute, of three cards: work, idle runs short and long, an
-outage; pods that start and finish inside hours, one still running at the end, a gang of
-two; a pod's CPU at its limit now and then and a node cordoned for an afternoon, so the
-causes change inside hours.
+samples, every 5 minutes on the minute, of three cards (two with SM activity): work, idle
+runs short and long, an outage; pods that start and finish inside hours, one still running
+at the end, a gang of two; a pod's CPU at its limit now and then and a node cordoned for an
+afternoon, so the causes change inside hours.
 """
 
 from __future__ import annotations
@@ -61,7 +61,8 @@ def _samples() -> list[GpuSample]:
                 if kind == "gap" and length > 2:
                     continue
                 util = rng.uniform(20, 100) if kind == "busy" else rng.uniform(0, 3)
-                out.append(GpuSample(card, int(ts[k]), float(util)))
+                sm = util / 100 * rng.uniform(0.05, 0.9) if card != "GPU-h1" else None
+                out.append(GpuSample(card, int(ts[k]), float(util), sm_active=sm))
             t += length
     return out
 
@@ -308,8 +309,8 @@ def test_a_window_beyond_the_audited_runs_still_asks_for_an_audit(store: str) ->
 
 
 def test_the_daily_run_stores_one_bucket_per_hour(store: str, tmp_path: Path) -> None:
-    """Every stored row of the daily run lies on its hours, and the buckets of each card
-    sum to its capacity in each hour."""
+    """Every stored row of the daily run lies on its hours (SM activity too), and the
+    buckets of each card sum to its capacity in each hour."""
     engine = make_engine(store)
     with engine.connect() as conn:
         run = conn.execute(
@@ -324,8 +325,16 @@ def test_the_daily_run_stores_one_bucket_per_hour(store: str, tmp_path: Path) ->
                  " GROUP BY gpu_id, hour_ms"),
             {"r": run[0]},
         ).all()  # fmt: skip
+        sm_hours = {
+            int(h)
+            for (h,) in conn.execute(
+                text("SELECT hour_ms FROM audit_sm WHERE run_id = :r"), {"r": run[0]}
+            )
+        }
     engine.dispose()
     assert bool(run[1])
+    assert len(sm_hours) > 12
+    assert sm_hours <= {DAILY.start_ms + k * HOUR for k in range(24)}
     assert {int(h) for _, h, _ in rows} == {DAILY.start_ms + k * HOUR for k in range(24)}
     for _, _, seconds in rows:
         assert float(seconds) == pytest.approx(3600.0, abs=1e-6)
