@@ -29,6 +29,16 @@ class Window(NamedTuple):
     end_ms: int
 
 
+class RunSlice(NamedTuple):
+    """The stored hours of one audit run that lie in `[start_ms, end_ms)` (SPEC §11): its
+    buckets whose start is inside, so a slice from the run's start to its end is the whole
+    run."""
+
+    run_id: int
+    start_ms: int
+    end_ms: int
+
+
 @dataclass(frozen=True)
 class Selection:
     """One side of `compare` (SPEC §8): the pods a selector picks, over a window of its own.

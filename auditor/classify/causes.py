@@ -102,6 +102,9 @@ SIGNAL_OF = {
 
 IDLE_COLUMNS = ["gpu", "pod_uid", "start_ms", "end_ms", "cause", "deciding", "seconds", "signalled"]
 FREE_COLUMNS = ["gpu", "cause", "seconds"]
+HOUR = "hour_ms"
+"""The bucket column of pieces cut at the hour grid (`auditor.classify.hours.cut_at_hours`):
+carried through, so that the causes come out per hour."""
 
 
 def _at(
@@ -163,8 +166,10 @@ def split_compute_idle(
         (pieces["category"] == WasteCategory.COMPUTE_IDLE.value) & pieces["pod_uid"].notna()
     ]
     if idle.empty:
-        return pd.DataFrame({c: pd.Series(dtype=object) for c in IDLE_COLUMNS}).astype(
+        columns = [*IDLE_COLUMNS, HOUR] if HOUR in pieces.columns else IDLE_COLUMNS
+        return pd.DataFrame({c: pd.Series(dtype=object) for c in columns}).astype(
             {"start_ms": np.int64, "end_ms": np.int64, "seconds": np.float64, "signalled": bool}
+            | ({HOUR: np.int64} if HOUR in pieces.columns else {})
         )
     stale = round(thresholds.signal_stale_s * 1000)
     pod = _at(idle, pod_signals, key="pod_uid", columns=POD_SIGNALS, stale_ms=stale)
@@ -207,7 +212,7 @@ def split_compute_idle(
         deciding[hit] = name
         open_ &= ~hit
     signalled = (pod.notna().any(axis=1) | card.notna().any(axis=1)).to_numpy()
-    return pd.DataFrame(
+    out = pd.DataFrame(
         {
             "gpu": idle["gpu"].to_numpy(dtype=object),
             "pod_uid": idle["pod_uid"].to_numpy(dtype=object),
@@ -219,6 +224,9 @@ def split_compute_idle(
             "signalled": signalled,
         }
     )
+    if HOUR in idle.columns:  # pieces cut at the hour grid keep their bucket
+        out[HOUR] = idle[HOUR].to_numpy(dtype=np.int64)
+    return out
 
 
 def _covered_ms(
@@ -257,11 +265,14 @@ def split_unallocated(
     unavailable: pd.DataFrame | None,
     demand: pd.DataFrame | None,
 ) -> pd.DataFrame:
-    """Seconds per (gpu, cause) of the `unallocated` pieces (module docstring)."""
+    """Seconds per (gpu, cause) of the `unallocated` pieces (module docstring); per (gpu,
+    hour_ms, cause) where the pieces carry `hour_ms` (cut at the hour grid)."""
     free = pieces[pieces["category"] == WasteCategory.UNALLOCATED.value]
+    hourly = HOUR in pieces.columns
     if free.empty:
-        return pd.DataFrame({"gpu": pd.Series(dtype=object), "cause": pd.Series(dtype=object),
-                             "seconds": pd.Series(dtype=np.float64)})  # fmt: skip
+        empty = pd.DataFrame({"gpu": pd.Series(dtype=object), "cause": pd.Series(dtype=object),
+                              "seconds": pd.Series(dtype=np.float64)})  # fmt: skip
+        return empty.assign(**{HOUR: pd.Series(dtype=np.int64)}) if hourly else empty
     codes, cards = pd.factorize(free["gpu"].astype(str), sort=True)
     gpu = np.asarray(cards, dtype=object)[codes]
     start = free["start_ms"].to_numpy(np.int64)
@@ -324,17 +335,29 @@ def split_unallocated(
         blocked = np.minimum(blocked, seconds - gone)
     rest = np.maximum(seconds - gone - blocked, 0.0)
     names = [FreeCause.BLOCKED.value, FreeCause.NO_DEMAND.value, FreeCause.UNAVAILABLE.value]
-    per = [np.bincount(codes, weights=w, minlength=len(cards)) for w in (blocked, rest, gone)]
-    sums = np.concatenate(per)  # per cause (in name order), per card (sorted)
+    group, n_groups = codes, len(cards)
+    group_gpu = np.asarray(cards, dtype=object)
+    if hourly:  # one group per (card, hour)
+        hour = free[HOUR].to_numpy(np.int64)
+        pairs = pd.MultiIndex.from_arrays([codes, hour])
+        group, uniq = pd.factorize(pairs, sort=True)
+        n_groups = len(uniq)
+        group_gpu = group_gpu[uniq.get_level_values(0).to_numpy(np.int64)]
+    per = [np.bincount(group, weights=w, minlength=n_groups) for w in (blocked, rest, gone)]
+    sums = np.concatenate(per)  # per cause (in name order), per group (sorted)
     frame = pd.DataFrame(
         {
-            "gpu": np.tile(np.asarray(cards, dtype=object), len(names)),
-            "cause": np.repeat(np.array(names, dtype=object), len(cards)),
+            "gpu": np.tile(group_gpu, len(names)),
+            "cause": np.repeat(np.array(names, dtype=object), n_groups),
             "seconds": sums,
         }
     )
+    columns = FREE_COLUMNS
+    if hourly:
+        frame[HOUR] = np.tile(uniq.get_level_values(1).to_numpy(np.int64), len(names))
+        columns = [*FREE_COLUMNS, HOUR]
     kept = frame[frame["seconds"] > 0].sort_values(["gpu", "cause"], kind="stable")
-    return kept.reset_index(drop=True)[FREE_COLUMNS]
+    return kept.reset_index(drop=True)[columns]
 
 
 CAUSE_COLUMNS = ["gpu", "pod_uid", "category", "cause", "seconds", "signalled_seconds"]
@@ -401,11 +424,13 @@ def split_causes(
         category=WasteCategory.UNALLOCATED.value,
         signalled_seconds=np.where(on_signal | demand_known, free["seconds"], 0.0),
     )
-    both = pd.concat([idle[CAUSE_COLUMNS], free[CAUSE_COLUMNS]], ignore_index=True)
+    columns = [*CAUSE_COLUMNS, HOUR] if HOUR in pieces.columns else CAUSE_COLUMNS
+    both = pd.concat([idle[columns], free[columns]], ignore_index=True)
     if both.empty:
         return both.astype({"seconds": np.float64, "signalled_seconds": np.float64})
-    summed = both.groupby(
-        ["gpu", "pod_uid", "category", "cause"], dropna=False, as_index=False, sort=True
-    )[["seconds", "signalled_seconds"]].sum()
+    keys = ["gpu", "pod_uid", "category", "cause", *columns[len(CAUSE_COLUMNS) :]]
+    summed = both.groupby(keys, dropna=False, as_index=False, sort=True)[
+        ["seconds", "signalled_seconds"]
+    ].sum()
     summed["pod_uid"] = summed["pod_uid"].astype(object).where(summed["pod_uid"].notna(), None)
-    return summed[CAUSE_COLUMNS]
+    return summed[columns]

@@ -102,12 +102,15 @@ def efficiency(
     window: Window,
     thresholds: Thresholds,
     rule: StallRule | None = None,
+    hour_ms: int | None = None,
 ) -> Efficiency:
     """SM activity and `stalled_busy` findings of the held cards inside `window`.
 
     `samples`: gpu, ts_ms, util (percent) and `sm_active` (0-1; NaN or absent where not
     recorded). `tenures`: gpu, pod_uid, gang, start_ms, end_ms, and optionally `share` (the
     part of the card a tenure holds, SPEC §7; 1 where absent), which scales its seconds.
+    `hour_ms`: `sm` per bucket of that length too (`auditor.classify.hours`), with an
+    `hour_ms` column, the bucket's start; the findings stay whole.
     """
     rule = rule or StallRule()
     if "sm_active" not in samples.columns or not bool(samples["sm_active"].notna().any()):
@@ -150,7 +153,12 @@ def efficiency(
             / 1000.0
         )
         has_sm = ~np.isnan(s)
-        if has_sm.any() and in_window[has_sm].sum() > 0:
+        if hour_ms is not None and has_sm.any() and in_window[has_sm].sum() > 0:
+            sm_rows += _sm_by_hour(
+                str(gpu_s), str(pod), share, s=s, u=u, lo=np.maximum(ts, max(lo, w_lo)),
+                hi=np.minimum(end, min(hi, w_hi)), window=window, bucket_ms=hour_ms,
+            )  # fmt: skip
+        elif has_sm.any() and in_window[has_sm].sum() > 0:
             readable = has_sm & ~np.isnan(u)
             sm_rows.append(
                 {
@@ -188,9 +196,13 @@ def efficiency(
                     ),
                 }
             )
-    sm_frame = pd.DataFrame(sm_rows, columns=SM_COLUMNS) if sm_rows else empty_sm()
+    columns = SM_COLUMNS if hour_ms is None else [*SM_COLUMNS, "hour_ms"]
+    sm_frame = pd.DataFrame(sm_rows, columns=columns) if sm_rows else empty_sm()
     if sm_rows:
-        sm_frame = sm_frame.groupby(["gpu", "pod_uid"], as_index=False, sort=True).sum()
+        sm_frame = sm_frame.groupby(columns[:2] + columns[4:], as_index=False, sort=True).sum()
+        sm_frame = sm_frame[columns]
+    elif hour_ms is not None:
+        sm_frame = sm_frame.assign(hour_ms=pd.Series([], dtype=np.int64))
     findings = empty_findings()
     if found:
         findings = pd.DataFrame(found, columns=FINDING_COLUMNS).sort_values(
@@ -199,3 +211,43 @@ def efficiency(
         findings["start_ms"] = findings["start_ms"].astype(np.int64)
         findings["end_ms"] = findings["end_ms"].astype(np.int64)
     return Efficiency(sm_frame, findings)
+
+
+def _sm_by_hour(
+    gpu: str,
+    pod: str,
+    share: float,
+    *,
+    s: FloatArr,
+    u: FloatArr,
+    lo: IntArr,
+    hi: IntArr,
+    window: Window,
+    bucket_ms: int,
+) -> list[dict[str, object]]:
+    """One tenure's SM rows per bucket: each sample's time inside the tenure and the window
+    (`[lo, hi)`) cut at the hour grid, so that the buckets sum to the window's figures."""
+    from auditor.classify.hours import bucket_rows
+
+    rows, bucket = bucket_rows(lo, hi, window=window, bucket_ms=bucket_ms)
+    first = window.start_ms // bucket_ms * bucket_ms
+    b_lo = np.maximum(first + bucket * bucket_ms, window.start_ms)
+    b_hi = first + (bucket + 1) * bucket_ms
+    dt = (np.minimum(hi[rows], b_hi) - np.maximum(lo[rows], b_lo)) / 1000.0
+    s_r, u_r = s[rows], u[rows]
+    has_sm = ~np.isnan(s_r)
+    readable = has_sm & ~np.isnan(u_r)
+    out: list[dict[str, object]] = []
+    for start in np.unique(b_lo[has_sm]).tolist():
+        here = b_lo == start
+        out.append(
+            {
+                "gpu": gpu,
+                "pod_uid": pod,
+                "sm_active_seconds": float((s_r[here & has_sm] * dt[here & has_sm]).sum()) * share,
+                "sm_busy_seconds": float((u_r[here & readable] / 100.0 * dt[here & readable]).sum())
+                * share,
+                "hour_ms": int(start),
+            }
+        )
+    return out

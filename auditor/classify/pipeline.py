@@ -50,6 +50,7 @@ from auditor.classify.arrays import INT_MIN, BoolArr, FloatArr, IntArr, empty_in
 from auditor.classify.coverage import load_samples
 from auditor.classify.findings import FindingInputs, build_findings, empty_findings
 from auditor.classify.gangs import GangView, compare_with_gang
+from auditor.classify.hours import empty_hourly, hour_buckets, sum_results_by_hour
 from auditor.classify.pieces import (
     Pieces,
     Plain,
@@ -86,6 +87,10 @@ class Classification:
     results: pd.DataFrame
     findings: pd.DataFrame
     pieces: pd.DataFrame | None = None
+    hourly: pd.DataFrame | None = None
+    """None unless asked for (`classify(..., hour_ms=...)`); then `results` per bucket of
+    the window (`auditor.classify.hours`), with `hour_ms`, the bucket's start: summed over
+    the buckets they are `results`."""
 
 
 def _marker_codes(markers: pd.DataFrame | None, tenures: TenureTable) -> tuple[IntArr, ...]:
@@ -205,6 +210,7 @@ def classify(
     shared_cards: Collection[str] = (),
     keep_pieces: bool = False,
     piece_categories: Collection[str] | None = None,
+    hour_ms: int | None = None,
 ) -> Classification:
     """Split every capacity second in `window` into categories (module docstring).
 
@@ -221,6 +227,7 @@ def classify(
     test hook: one tenant of share 1 must come out as the exclusive path does).
     `keep_pieces`: also return the classified pieces over time (`Classification.pieces`),
     of `piece_categories` only when given.
+    `hour_ms`: also return the results per bucket of that length (`Classification.hourly`).
     """
     sampled = set(samples["gpu"].dropna().astype(str))
     unsampled = unsampled_results(tenures, sampled=sampled, window=window, cards=cards)
@@ -237,6 +244,9 @@ def classify(
             results=unsampled,
             findings=empty_findings(),
             pieces=_with_pieces(empty_piece_frame(), extra) if keep_pieces else None,
+            hourly=None
+            if hour_ms is None
+            else _unsampled_hourly(tenures, sampled, window, cards, hour_ms),
         )
     shared = expand(
         st,
@@ -342,6 +352,11 @@ def classify(
             thresholds=thresholds,
         )
     )
+    hourly = None
+    if hour_ms is not None:
+        hourly = sum_results_by_hour(
+            pieces, rest=rest, window=window, tenures=ten, uuids=st.uuids, bucket_ms=hour_ms
+        )
     kept = None
     if keep_pieces:
         kept = piece_frame(
@@ -359,6 +374,11 @@ def classify(
         results, findings = on_physical_cards(results, findings, shared)
         if kept is not None and shared.physical:
             kept = kept.assign(gpu=kept["gpu"].map(lambda g: shared.physical.get(g, g)))
+        if hourly is not None:
+            hourly = _hourly_on_physical(hourly, shared.physical)
+    if hour_ms is not None and hourly is not None and not unsampled.empty:
+        more = _unsampled_hourly(tenures, sampled, window, cards, hour_ms)
+        hourly = pd.concat([hourly, more], ignore_index=True)
     if not unsampled.empty:
         results = pd.concat([results, unsampled], ignore_index=True).sort_values(
             ["gpu", "pod_uid"], na_position="first", kind="stable"
@@ -366,7 +386,41 @@ def classify(
         results = results.reset_index(drop=True)
     if kept is not None:
         kept = _with_pieces(kept, extra)
-    return Classification(results=results, findings=findings, pieces=kept)
+    return Classification(results=results, findings=findings, pieces=kept, hourly=hourly)
+
+
+def _unsampled_hourly(
+    tenures: pd.DataFrame,
+    sampled: Collection[str],
+    window: Window,
+    cards: pd.DataFrame | None,
+    bucket_ms: int,
+) -> pd.DataFrame:
+    """`unsampled_results` per bucket of the window, with `hour_ms`."""
+    frames = [
+        unsampled_results(tenures, sampled=sampled, window=b, cards=cards).assign(
+            hour_ms=np.int64(b.start_ms)
+        )
+        for b in hour_buckets(window, bucket_ms)
+    ]
+    kept = [f for f in frames if len(f)]
+    return pd.concat(kept, ignore_index=True) if kept else empty_hourly()
+
+
+def _hourly_on_physical(hourly: pd.DataFrame, physical: dict[str, str]) -> pd.DataFrame:
+    """Hourly results of virtual cards put back on their physical cards, summed."""
+    if not physical:
+        return hourly
+    moved = hourly.assign(
+        gpu=hourly["gpu"].map(lambda g: physical.get(g, g)), _pod=hourly["pod_uid"].fillna("")
+    )
+    out = (
+        moved.groupby(["gpu", "_pod", "category", "estimated", "hour_ms"], sort=False)
+        .agg(pod_uid=("pod_uid", "first"), seconds=("seconds", "sum"))
+        .reset_index()
+    )
+    out["pod_uid"] = out["pod_uid"].astype(object).where(out["pod_uid"].notna(), None)
+    return out[["gpu", "pod_uid", "category", "seconds", "estimated", "hour_ms"]]
 
 
 def _with_pieces(kept: pd.DataFrame, extra: pd.DataFrame | None) -> pd.DataFrame:

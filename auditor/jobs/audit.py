@@ -159,6 +159,7 @@ def _audit(
     """The audit of `audited` on `engine`; samples from the store, else from `source`."""
     from auditor.classify.causes import split_causes
     from auditor.classify.efficiency import efficiency
+    from auditor.classify.hours import HOUR_MS, cut_at_hours
     from auditor.classify.pipeline import classify
     from auditor.classify.rollup import rolled_up_seconds, with_rolled
     from auditor.store import reads
@@ -264,12 +265,15 @@ def _audit(
                 activity=activity,
                 keep_pieces=True,
                 piece_categories=SPLIT_CATEGORIES,
+                hour_ms=HOUR_MS,
             )
             assert result.pieces is not None
-            res = result.results[result.results["gpu"].isin(own)]
+            assert result.hourly is not None
+            # stored per UTC hour (SPEC §11): any whole-hour window inside the run is served
+            res = result.hourly[result.hourly["gpu"].isin(own)]
             cause_rows += _cause_rows(
                 split_causes(
-                    result.pieces[result.pieces["gpu"].isin(own)],
+                    cut_at_hours(result.pieces[result.pieces["gpu"].isin(own)], window=audited),
                     tenures=part,
                     cards=gpus,
                     pod_signals=got.pod_signals,
@@ -287,7 +291,7 @@ def _audit(
             fnd = fnd[fnd["gpu"].fillna(fnd["gang"].map(first_card)).isin(own)]
             result_rows += _result_rows(res, part, gpu_ids)
             finding_rows += _finding_rows(fnd, gpu_ids)
-            eff = efficiency(samples, part, window=audited, thresholds=thresholds)
+            eff = efficiency(samples, part, window=audited, thresholds=thresholds, hour_ms=HOUR_MS)
             finding_rows += _finding_rows(eff.findings[eff.findings["gpu"].isin(own)], gpu_ids)
             sm_rows += [
                 {
@@ -295,8 +299,9 @@ def _audit(
                     "pod_uid": p,
                     "sm_active_seconds": a,
                     "sm_busy_seconds": b,
+                    "hour_ms": int(h),
                 }
-                for g, p, a, b in eff.sm[eff.sm["gpu"].isin(own)].itertuples(index=False)
+                for g, p, a, b, h in eff.sm[eff.sm["gpu"].isin(own)].itertuples(index=False)
             ]
             mine = samples["gpu"].isin(own)
             n_samples += int(mine.sum())
@@ -314,6 +319,7 @@ def _audit(
             results=result_rows,
             findings=finding_rows,
             rolled_up_seconds=rolled,
+            hourly=True,
         )
         write_sm_rows(conn, run_id=run_id, rows=sm_rows)
         write_cause_rows(conn, run_id=run_id, rows=cause_rows)
@@ -421,13 +427,15 @@ def _result_rows(
             "inferred": inferred.get((g, p), False) if p is not None else False,
             "estimated": bool(e),
             "share": shares.get((g, p)) if p is not None else None,
+            "hour_ms": int(h),
         }
-        for g, p, c, s, e in zip(
+        for g, p, c, s, e, h in zip(
             res["gpu"],
             nulls(res["pod_uid"]),
             res["category"],
             res["seconds"],
             res["estimated"],
+            res["hour_ms"],
             strict=True,
         )
     ]
@@ -462,9 +470,10 @@ def _cause_rows(causes: pd.DataFrame, gpu_ids: dict[str, int]) -> list[dict[str,
             "cause": k,
             "seconds": float(s),
             "signalled_seconds": float(x),
+            "hour_ms": int(h),
         }
-        for g, p, c, k, s, x in zip(
+        for g, p, c, k, s, x, h in zip(
             causes["gpu"], nulls(causes["pod_uid"]), causes["category"], causes["cause"],
-            causes["seconds"], causes["signalled_seconds"], strict=True,
+            causes["seconds"], causes["signalled_seconds"], causes["hour_ms"], strict=True,
         )
     ]  # fmt: skip

@@ -331,7 +331,11 @@ def side(url: str, sel: Selection) -> Side:
             raise InputError(f"no pods match {sel.kind}={sel.value!r}", field="A/B")
         runs = reads.runs_in_window(conn, start_ms=sel.window[0], end_ms=sel.window[1])
         run_ids = covering_runs(
-            runs, start_ms=sel.window[0], end_ms=sel.window[1], what=f"the window of {sel.text}"
+            runs,
+            start_ms=sel.window[0],
+            end_ms=sel.window[1],
+            what=f"the window of {sel.text}",
+            flags=False,
         )
         results: pd.DataFrame = reads.read_results(conn, run_ids)
         results = results[results["pod_uid"].isin(uids)]

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from auditor.errors import InputError
 from auditor.jobs.common import iso, open_store
-from auditor.model import Window
+from auditor.model import RunSlice, Window
 from auditor.settings import Config, Thresholds
 
 if TYPE_CHECKING:
@@ -24,11 +24,29 @@ if TYPE_CHECKING:
     from auditor.report.summary import GroupBy
 
 
-def covering_runs(runs: pd.DataFrame, *, start_ms: int, end_ms: int, what: str) -> list[int]:
-    """The stored runs that cover [start, end) exactly once; an error names what is missing."""
-    from auditor.report.windows import choose_runs
+def covering_runs(
+    runs: pd.DataFrame, *, start_ms: int, end_ms: int, what: str, flags: bool = True
+) -> list[int | RunSlice]:
+    """The stored runs, or hours of runs (SPEC §11), that cover [start, end) exactly once;
+    an error names what is missing, or the whole hours to ask for instead (as `--start` and
+    `--end` where `flags`, else as START..END)."""
+    from auditor.report.windows import choose_slices
 
-    choice = choose_runs(runs, start_ms=start_ms, end_ms=end_ms)
+    choice = choose_slices(runs, start_ms=start_ms, end_ms=end_ms)
+    if choice.off_grid is not None:
+        a, b = choice.off_grid
+        hint = f"--start {iso(a)} --end {iso(b)}" if flags else f"{iso(a)}..{iso(b)}"
+        raise InputError(
+            f"{what} must start and end on whole UTC hours inside audited runs: try {hint}",
+            field="window",
+        )
+    if choice.unsplit is not None:
+        a, b = choice.unsplit
+        raise InputError(
+            f"{what} cuts the run of {iso(a)} to {iso(b)}, stored before results were kept "
+            f"per hour: run `auditor audit --start {iso(a)} --end {iso(b)}` again",
+            field="window",
+        )
     if choice.incomplete:
         a, b = choice.incomplete[0]
         raise InputError(
@@ -43,7 +61,7 @@ def covering_runs(runs: pd.DataFrame, *, start_ms: int, end_ms: int, what: str) 
             f"run `auditor audit --start {iso(a)} --end {iso(b)}`",
             field="window",
         )
-    return choice.run_ids
+    return choice.parts
 
 
 def build_report(
@@ -109,18 +127,15 @@ def _read_report(
         raise InputError(
             "no audit results for this window: run `auditor audit` first", field="window"
         )
-    run_ids = covering_runs(
-        runs,
-        start_ms=int(runs["window_start_ms"].min()) if start_ms is None else start_ms,
-        end_ms=int(runs["window_end_ms"].max()) if end_ms is None else end_ms,
-        what="the window",
+    window = Window(  # without bounds, the latest audited window, whole
+        int(runs["window_start_ms"].min()) if start_ms is None else start_ms,
+        int(runs["window_end_ms"].max()) if end_ms is None else end_ms,
     )
-    runs = runs[runs["id"].isin(run_ids)]
+    run_ids = covering_runs(runs, start_ms=window.start_ms, end_ms=window.end_ms, what="the window")
     results = reads.read_results(conn, run_ids)
-    findings = reads.read_findings(conn, run_ids)
+    findings = reads.read_findings(conn, run_ids, window=window)
     rolled = runs_rolled_up_seconds(conn, run_ids)
     sm = read_sm(conn, run_ids)
-    window = Window(int(runs["window_start_ms"].min()), int(runs["window_end_ms"].max()))
     produced = read_outputs(conn, window=window) if by in per_output_groups else None
     scope = results if team is None else results[results["team"] == team]
     if team is not None and scope.empty:

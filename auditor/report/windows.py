@@ -2,6 +2,8 @@
 
 Runs of adjacent windows add up (SPEC §3, "Whole tenures"), so a week can be read from seven
 daily runs; overlapping runs (a daily and a weekly run of the same days) must not both count.
+Runs store their results per UTC hour (SPEC §11), so a window of whole hours inside them is
+read from the hours it takes of each (`choose_slices`).
 """
 
 from __future__ import annotations
@@ -10,7 +12,9 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from auditor.model import Window
+from auditor.model import RunSlice, Window
+
+HOUR_MS = 3_600_000
 
 
 @dataclass(frozen=True)
@@ -87,6 +91,88 @@ def choose_runs(runs: pd.DataFrame, *, start_ms: int, end_ms: int) -> RunChoice:
     )
     ids = [int(i) for i, w in zip(inside["id"], pairs, strict=True) if w in keys]
     return RunChoice(run_ids=sorted(ids), missing=missing, incomplete=incomplete)
+
+
+@dataclass(frozen=True)
+class SliceChoice:
+    parts: list[int | RunSlice]
+    """Whole runs by id where the window is made of whole runs, else slices of runs."""
+    missing: list[Window]
+    incomplete: list[Window]
+    off_grid: Window | None
+    """Where the window cuts an audited run off its hours: the whole hours around the
+    window, to suggest; None where it does not."""
+    unsplit: Window | None = None
+    """A run stored before results were kept per hour that the window would cut: audit
+    it again to read hours of it."""
+
+
+def _complete_windows(
+    runs: pd.DataFrame, *, start_ms: int, end_ms: int
+) -> tuple[list[tuple[int, int, list[int], bool]], list[Window]]:
+    """The complete run windows overlapping [start, end) as (start, end, run ids, hourly),
+    and the windows whose shards are not all stored."""
+    over = runs[(runs["window_start_ms"] < end_ms) & (runs["window_end_ms"] > start_ms)]
+    out: list[tuple[int, int, list[int], bool]] = []
+    incomplete: list[Window] = []
+    for key, group in over.groupby(["window_start_ms", "window_end_ms"], sort=True):
+        a, b = (int(str(v)) for v in key)
+        shards = set(group["shard"]) if "shard" in group.columns else {"all"}
+        chosen = group
+        if "all" in shards:
+            chosen = group[group["shard"] == "all"] if "shard" in group.columns else group
+        elif not shards_complete(shards):
+            incomplete.append(Window(a, b))
+            continue
+        hourly = "hourly" in chosen.columns and bool(chosen["hourly"].astype(bool).all())
+        out.append((a, b, sorted(int(i) for i in chosen["id"]), hourly))
+    return out, incomplete
+
+
+def choose_slices(runs: pd.DataFrame, *, start_ms: int, end_ms: int) -> SliceChoice:
+    """The stored rows that make up [start, end), each second once (SPEC §11).
+
+    A window made of whole runs is read as `choose_runs` chooses them. Any other is read
+    from the hours of runs stored per hour (`runs` as in `choose_runs`, with `hourly`): it
+    may start and end on whole UTC hours, or where an audited run does; from each point,
+    the run that reaches furthest is taken, up to its end or the window's."""
+    whole = choose_runs(runs, start_ms=start_ms, end_ms=end_ms)
+    if not whole.missing and not whole.incomplete:
+        return SliceChoice(list(whole.run_ids), [], [], None)
+    windows, incomplete = _complete_windows(runs, start_ms=start_ms, end_ms=end_ms)
+
+    def cuts(t: int, a: int, b: int, hourly: bool) -> bool:
+        return t in (a, b) or (hourly and t % HOUR_MS == 0)
+
+    around = Window(start_ms // HOUR_MS * HOUR_MS, -(-end_ms // HOUR_MS) * HOUR_MS)
+    parts: list[int | RunSlice] = []
+    missing: list[Window] = []
+    pos = start_ms
+    while pos < end_ms:
+        holding = [w for w in windows if w[0] <= pos < w[1]]
+        usable = [
+            (a, b, ids, hourly)
+            for a, b, ids, hourly in holding
+            if cuts(pos, a, b, hourly) and (b <= end_ms or cuts(end_ms, a, b, hourly))
+        ]
+        if usable:
+            _, b, ids, _ = max(usable, key=lambda w: (min(w[1], end_ms), w[1] - w[0]))
+            stop = min(b, end_ms)
+            parts += [RunSlice(i, pos, stop) for i in ids]
+            pos = stop
+            continue
+        if holding:  # audited, but not to be cut here
+            whole_hours = pos % HOUR_MS == 0 and end_ms % HOUR_MS == 0
+            if whole_hours and not any(w[3] for w in holding):
+                return SliceChoice([], [], [], None, Window(*holding[0][:2]))
+            return SliceChoice([], [], [], around)
+        lacking = [w for w in incomplete if w.start_ms <= pos < w.end_ms]
+        if lacking:
+            return SliceChoice([], [], lacking[:1], None)
+        nxt = min([*(w[0] for w in windows if w[0] > pos), end_ms])
+        missing.append(Window(pos, nxt))
+        pos = nxt
+    return SliceChoice([] if missing else parts, missing, [], None)
 
 
 @dataclass(frozen=True)

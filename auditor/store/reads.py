@@ -9,6 +9,9 @@ import numpy as np
 import pandas as pd
 from sqlalchemy import Connection, Select, and_, func, select
 
+from auditor.model import RunSlice, Window
+from auditor.store.hours import parts_condition
+from auditor.store.hours import run_ids as hour_runs
 from auditor.store.schema import (
     audit_findings,
     audit_results,
@@ -272,7 +275,8 @@ def count_rows(conn: Connection) -> dict[str, int]:
 
 
 def runs_in_window(conn: Connection, *, start_ms: int | None, end_ms: int | None) -> pd.DataFrame:
-    """Audit runs inside [start, end); without bounds, the runs of the latest audited window."""
+    """Audit runs overlapping [start, end) (a window of whole hours may lie inside one, SPEC
+    §11); without bounds, the runs of the latest audited window."""
     cols = [
         "id",
         "window_start_ms",
@@ -281,6 +285,7 @@ def runs_in_window(conn: Connection, *, start_ms: int | None, end_ms: int | None
         "created_ms",
         "thresholds",
         "version",
+        "hourly",
     ]
     stmt = select(*(audit_runs.c[c] for c in cols))
     if start_ms is None or end_ms is None:
@@ -296,30 +301,40 @@ def runs_in_window(conn: Connection, *, start_ms: int | None, end_ms: int | None
         )
     else:
         stmt = stmt.where(
-            audit_runs.c.window_start_ms >= start_ms, audit_runs.c.window_end_ms <= end_ms
+            audit_runs.c.window_start_ms < end_ms, audit_runs.c.window_end_ms > start_ms
         )
     return _frame(conn, stmt.order_by(audit_runs.c.window_start_ms, audit_runs.c.shard), cols)
 
 
-def read_results(conn: Connection, run_ids: Sequence[int]) -> pd.DataFrame:
-    """Results of runs joined with the card's node/model/utilisation source and the pod's
-    attributes. `card` is the physical card (a MIG instance's parent, else the GPU itself),
-    whose model `gpu_model` is (the price of an instance is its card's)."""
+def read_results(conn: Connection, run_ids: Sequence[int | RunSlice]) -> pd.DataFrame:
+    """Results of runs (or of slices of them: their hours in a window, SPEC §11), one row
+    per run and key with its hours summed, joined with the card's node/model/utilisation
+    source and the pod's attributes. `card` is the physical card (a MIG instance's parent,
+    else the GPU itself), whose model `gpu_model` is (the price of an instance is its
+    card's)."""
     parent = gpus.alias("parent")
+    r = audit_results
+    keys = [r.c.run_id, r.c.gpu_id, r.c.pod_uid, r.c.category, r.c.inferred, r.c.estimated]
+    summed = (
+        select(*keys, r.c.share, func.sum(r.c.seconds).label("seconds"))
+        .where(parts_condition(r, run_ids))
+        .group_by(*keys, r.c.share)
+        .subquery("hours")
+    )
     stmt = (
         select(
-            audit_results.c.run_id,
+            summed.c.run_id,
             gpus.c.uuid.label("gpu"),
             func.coalesce(gpus.c.parent_uuid, gpus.c.uuid).label("card"),
             gpus.c.node,
             func.coalesce(parent.c.model, gpus.c.model).label("gpu_model"),
             gpus.c.util_source,
-            audit_results.c.pod_uid,
-            audit_results.c.category,
-            audit_results.c.seconds,
-            audit_results.c.inferred,
-            audit_results.c.estimated,
-            audit_results.c.share,
+            summed.c.pod_uid,
+            summed.c.category,
+            summed.c.seconds,
+            summed.c.inferred,
+            summed.c.estimated,
+            summed.c.share,
             pods.c.namespace,
             pods.c.name.label("pod"),
             pods.c.team,
@@ -329,10 +344,10 @@ def read_results(conn: Connection, run_ids: Sequence[int]) -> pd.DataFrame:
             pods.c.rank,
             pods.c.gang,
         )
-        .join(gpus, gpus.c.id == audit_results.c.gpu_id)
+        .select_from(summed)
+        .join(gpus, gpus.c.id == summed.c.gpu_id)
         .outerjoin(parent, parent.c.uuid == gpus.c.parent_uuid)
-        .outerjoin(pods, pods.c.uid == audit_results.c.pod_uid)
-        .where(audit_results.c.run_id.in_(list(run_ids)))
+        .outerjoin(pods, pods.c.uid == summed.c.pod_uid)
     )
     cols = [
         "run_id",
@@ -365,7 +380,13 @@ def read_results(conn: Connection, run_ids: Sequence[int]) -> pd.DataFrame:
     return df
 
 
-def read_findings(conn: Connection, run_ids: Sequence[int]) -> pd.DataFrame:
+def read_findings(
+    conn: Connection, run_ids: Sequence[int | RunSlice], *, window: Window | None = None
+) -> pd.DataFrame:
+    """Findings of runs. Findings are stored per run, whole episodes: with `window` (a
+    report of some hours of a run, SPEC §11) an episode with a span is kept where it
+    overlaps the window, clipped to it, its seconds in proportion to the time kept; one
+    without a span (a gang's straggler) is the run's and kept."""
     stmt = (
         select(
             audit_findings.c.kind,
@@ -385,7 +406,7 @@ def read_findings(conn: Connection, run_ids: Sequence[int]) -> pd.DataFrame:
         )
         .outerjoin(gpus, gpus.c.id == audit_findings.c.gpu_id)
         .outerjoin(pods, pods.c.uid == audit_findings.c.pod_uid)
-        .where(audit_findings.c.run_id.in_(list(run_ids)))
+        .where(audit_findings.c.run_id.in_(hour_runs(run_ids)))
     )
     cols = [
         "kind",
@@ -403,7 +424,31 @@ def read_findings(conn: Connection, run_ids: Sequence[int]) -> pd.DataFrame:
         "seconds",
         "detail",
     ]
-    return _frame(conn, stmt, cols)
+    found = _frame(conn, stmt, cols)
+    if window is None or found.empty:
+        return found
+    return clip_findings(found, window)
+
+
+def clip_findings(found: pd.DataFrame, window: Window) -> pd.DataFrame:
+    """Episodes overlapping `window`, clipped to it (seconds in proportion); those without
+    a span kept as they are."""
+    start = pd.to_numeric(found["start_ms"], errors="coerce")
+    end = pd.to_numeric(found["end_ms"], errors="coerce")
+    spanless = start.isna() | end.isna()
+    lo, hi = start.clip(lower=window.start_ms), end.clip(upper=window.end_ms)
+    keep = spanless | (hi > lo)
+    length = (end - start).where(end > start)
+    share = ((hi - lo) / length).where(~spanless & length.notna(), 1.0).clip(upper=1.0)
+    out = found.assign(
+        start_ms=lo.where(~spanless, found["start_ms"]),
+        end_ms=hi.where(~spanless, found["end_ms"]),
+        seconds=found["seconds"].astype("float64") * share,
+    )[keep]
+    for c in ("start_ms", "end_ms"):
+        out[c] = out[c].astype(object).where(out[c].notna(), None)
+        out[c] = [None if v is None else int(v) for v in out[c]]
+    return out.reset_index(drop=True)
 
 
 def shifted_copy(

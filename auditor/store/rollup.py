@@ -36,8 +36,9 @@ from auditor.classify.rollup import (
     pseudo_samples,
     with_rolled,
 )
-from auditor.model import Window
+from auditor.model import RunSlice, Window
 from auditor.settings import Thresholds
+from auditor.store.hours import run_ids as hour_runs
 from auditor.store.schema import audit_runs, gpu_samples, gpu_samples_1m, gpu_tenant_util, gpus
 
 READ_MARGIN_MS = 15 * 60_000
@@ -348,13 +349,27 @@ def rollup_span(conn: Connection) -> Window | None:
     return Window(int(lo), int(hi))
 
 
-def runs_rolled_up_seconds(conn: Connection, run_ids: Sequence[int]) -> float:
-    """GPU-seconds the audit runs `run_ids` audited from rollups, together."""
+def runs_rolled_up_seconds(conn: Connection, run_ids: Sequence[int | RunSlice]) -> float:
+    """GPU-seconds the audit runs `run_ids` audited from rollups, together. A run is
+    stored with one such figure: a slice of it (some of its hours) counts it in proportion
+    to the time it takes of the run's window."""
     if not run_ids:
         return 0.0
-    total = conn.execute(
-        select(func.sum(audit_runs.c.rolled_up_seconds)).where(
-            audit_runs.c.id.in_([int(i) for i in run_ids])
-        )
-    ).scalar_one_or_none()
-    return float(total or 0.0)
+    rows = conn.execute(
+        select(
+            audit_runs.c.id,
+            audit_runs.c.window_start_ms,
+            audit_runs.c.window_end_ms,
+            audit_runs.c.rolled_up_seconds,
+        ).where(audit_runs.c.id.in_(hour_runs(run_ids)))
+    ).all()
+    runs = {int(i): (int(a), int(b), float(r or 0.0)) for i, a, b, r in rows}
+    total = 0.0
+    for part in run_ids:
+        if not isinstance(part, RunSlice):
+            total += runs.get(int(part), (0, 1, 0.0))[2]
+            continue
+        a, b, rolled = runs.get(part.run_id, (0, 1, 0.0))
+        taken = max(0, min(b, part.end_ms) - max(a, part.start_ms))
+        total += rolled * taken / max(b - a, 1)
+    return total

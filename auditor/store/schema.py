@@ -202,10 +202,14 @@ audit_runs = Table(
     Column("thresholds", JSON, nullable=False),
     Column("version", String(32), nullable=False),
     Column("rolled_up_seconds", Float, nullable=False, server_default=text("0")),
+    Column("hourly", Boolean, nullable=False, server_default=false()),
     Index("ix_audit_runs_window", "window_start_ms", "window_end_ms", "shard", unique=True),
 )
 """One row per audit run (a window, or one shard of it). `rolled_up_seconds`: GPU-seconds of
-the window audited from 1-minute rollups rather than raw samples (the report flags them)."""
+the window audited from 1-minute rollups rather than raw samples (the report flags them).
+`hourly`: its results, causes and SM rows are stored per UTC hour (SPEC §11), so any
+whole-hour window inside it can be read; false for a run stored before that (migration
+0011), whose rows are one bucket, the whole run."""
 
 audit_results = Table(
     "audit_results",
@@ -218,9 +222,12 @@ audit_results = Table(
     Column("inferred", Boolean, nullable=False),
     Column("estimated", Boolean, nullable=False, server_default=false()),
     Column("share", Float, nullable=True),
-    Index("ix_audit_results_run", "run_id"),
+    Column("hour_ms", BigInteger, nullable=False),
+    Index("ix_audit_results_run_hour", "run_id", "hour_ms"),
 )
-"""GPU-seconds per (run, card, pod or none, category); pod attributes are joined on read."""
+"""GPU-seconds per (run, UTC hour, card, pod or none, category); pod attributes are joined
+on read. `hour_ms` is the start of the row's bucket, `[max(hour, run start), min(hour + 1 h,
+run end))`: a run not on whole hours keeps its edge buckets."""
 
 audit_findings = Table(
     "audit_findings",
@@ -246,11 +253,12 @@ audit_sm = Table(
     Column("pod_uid", String(limits.UID_MAX), nullable=True),
     Column("sm_active_seconds", Float, nullable=False),
     Column("sm_busy_seconds", Float, nullable=False),
-    Index("ix_audit_sm_run", "run_id"),
+    Column("hour_ms", BigInteger, nullable=False),
+    Index("ix_audit_sm_run_hour", "run_id", "hour_ms"),
 )
 """SM activity per (run, card, pod) held in the window (SPEC §8): `sm_active_seconds` is the
 sum of `sm_active · dt`, `sm_busy_seconds` the busy seconds whose sample had SM data (so a
-report can say what share of busy time SM activity covers)."""
+report can say what share of busy time SM activity covers); per hour as `audit_results`."""
 
 outputs = Table(
     "outputs",
@@ -337,11 +345,12 @@ audit_causes = Table(
     Column("cause", String(32), nullable=False),
     Column("seconds", Float, nullable=False),
     Column("signalled_seconds", Float, nullable=False),
-    Index("ix_audit_causes_run", "run_id"),
+    Column("hour_ms", BigInteger, nullable=False),
+    Index("ix_audit_causes_run_hour", "run_id", "hour_ms"),
 )
 """The causes inside `compute_idle` and `unallocated` per (run, card, pod or none), SPEC §10:
-they sum to the category's `audit_results` seconds; `signalled_seconds` is the part judged
-on a recorded signal (the rest is `no_signal_share`'s)."""
+they sum to the category's `audit_results` seconds (per hour as those); `signalled_seconds`
+is the part judged on a recorded signal (the rest is `no_signal_share`'s)."""
 
 
 imports = Table(

@@ -12,12 +12,14 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from sqlalchemy import Connection, and_, bindparam, delete, insert, or_, select
+from sqlalchemy import Connection, and_, bindparam, delete, func, insert, or_, select
 
 from auditor.classify.causes import CARD_SIGNALS, POD_SIGNALS
-from auditor.model import Window
+from auditor.model import RunSlice, Window
+from auditor.store.hours import parts_condition
 from auditor.store.schema import (
     audit_causes,
+    audit_runs,
     card_signals,
     gpus,
     node_outages,
@@ -171,20 +173,42 @@ def read_node_outages(conn: Connection, *, window: Window) -> pd.DataFrame:
     return frame
 
 
+def run_start(conn: Connection, run_id: int) -> int:
+    """The start of an audit run's window: the bucket of a row stored without one."""
+    return int(
+        conn.execute(
+            select(audit_runs.c.window_start_ms).where(audit_runs.c.id == run_id)
+        ).scalar_one()
+    )
+
+
 def write_cause_rows(conn: Connection, *, run_id: int, rows: Sequence[Mapping[str, Any]]) -> None:
     """Store one audit run's cause rows (gpu_id, pod_uid, category, cause, seconds,
-    signalled_seconds)."""
+    signalled_seconds, and hour_ms: their bucket; the run's start where not given)."""
     if rows:
-        conn.execute(insert(audit_causes), [{"run_id": run_id, **r} for r in rows])
+        start = run_start(conn, run_id)
+        conn.execute(
+            insert(audit_causes), [{"run_id": run_id, "hour_ms": start, **r} for r in rows]
+        )
 
 
-def read_causes(conn: Connection, run_ids: Sequence[int]) -> pd.DataFrame:
-    """Cause rows of runs: gpu (UUID), pod_uid, category, cause, seconds, signalled_seconds."""
+def read_causes(conn: Connection, run_ids: Sequence[int | RunSlice]) -> pd.DataFrame:
+    """Cause rows of runs (or of their hours in a window, SPEC §11), the hours of a run
+    summed: gpu (UUID), pod_uid, category, cause, seconds, signalled_seconds."""
+    c = audit_causes
+    keys = [c.c.run_id, c.c.gpu_id, c.c.pod_uid, c.c.category, c.c.cause]
+    summed = (
+        select(*keys, func.sum(c.c.seconds).label("seconds"),
+               func.sum(c.c.signalled_seconds).label("signalled_seconds"))
+        .where(parts_condition(c, run_ids))
+        .group_by(*keys)
+        .subquery("hours")
+    )  # fmt: skip
     stmt = (
-        select(gpus.c.uuid, audit_causes.c.pod_uid, audit_causes.c.category, audit_causes.c.cause,
-               audit_causes.c.seconds, audit_causes.c.signalled_seconds)
-        .join(gpus, gpus.c.id == audit_causes.c.gpu_id)
-        .where(audit_causes.c.run_id.in_(list(run_ids)))
+        select(gpus.c.uuid, summed.c.pod_uid, summed.c.category, summed.c.cause,
+               summed.c.seconds, summed.c.signalled_seconds)
+        .select_from(summed)
+        .join(gpus, gpus.c.id == summed.c.gpu_id)
     )  # fmt: skip
     cols = ["gpu", "pod_uid", "category", "cause", "seconds", "signalled_seconds"]
     frame = pd.DataFrame([tuple(r) for r in conn.execute(stmt)], columns=cols)

@@ -11,37 +11,54 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from sqlalchemy import Connection, and_, delete, insert, or_, select, tuple_
+from sqlalchemy import Connection, and_, delete, func, insert, or_, select, tuple_
 
-from auditor.model import Selection, Window
+from auditor.model import RunSlice, Selection, Window
+from auditor.store.hours import parts_condition
 from auditor.store.schema import audit_sm, gpus, latency_buckets, outputs, pods
+from auditor.store.signals import run_start
 
 _DELETE_CHUNK = 500
 
 
 def write_sm_rows(conn: Connection, *, run_id: int, rows: Sequence[Mapping[str, Any]]) -> None:
-    """Store one audit run's SM activity rows (gpu_id, pod_uid, sm_*_seconds)."""
+    """Store one audit run's SM activity rows (gpu_id, pod_uid, sm_*_seconds, and hour_ms:
+    their bucket; the run's start where not given)."""
     if rows:
-        conn.execute(insert(audit_sm), [{"run_id": run_id, **r} for r in rows])
+        start = run_start(conn, run_id)
+        conn.execute(insert(audit_sm), [{"run_id": run_id, "hour_ms": start, **r} for r in rows])
 
 
-def read_sm(conn: Connection, run_ids: Sequence[int]) -> pd.DataFrame:
-    """SM activity of runs with the card and the pod's attributes joined."""
+def read_sm(conn: Connection, run_ids: Sequence[int | RunSlice]) -> pd.DataFrame:
+    """SM activity of runs (or of their hours in a window, SPEC §11), the hours of a run
+    summed, with the card and the pod's attributes joined."""
+    m = audit_sm
+    keys = [m.c.run_id, m.c.gpu_id, m.c.pod_uid]
+    summed = (
+        select(
+            *keys,
+            func.sum(m.c.sm_active_seconds).label("sm_active_seconds"),
+            func.sum(m.c.sm_busy_seconds).label("sm_busy_seconds"),
+        )
+        .where(parts_condition(m, run_ids))
+        .group_by(*keys)
+        .subquery("hours")
+    )
     stmt = (
         select(
             gpus.c.uuid.label("gpu"),
             gpus.c.node,
-            audit_sm.c.pod_uid,
+            summed.c.pod_uid,
             pods.c.team,
             pods.c.namespace,
             pods.c.job,
             pods.c.name.label("pod"),
-            audit_sm.c.sm_active_seconds,
-            audit_sm.c.sm_busy_seconds,
+            summed.c.sm_active_seconds,
+            summed.c.sm_busy_seconds,
         )
-        .join(gpus, gpus.c.id == audit_sm.c.gpu_id)
-        .outerjoin(pods, pods.c.uid == audit_sm.c.pod_uid)
-        .where(audit_sm.c.run_id.in_(list(run_ids)))
+        .select_from(summed)
+        .join(gpus, gpus.c.id == summed.c.gpu_id)
+        .outerjoin(pods, pods.c.uid == summed.c.pod_uid)
     )
     cols = [
         "gpu",

@@ -482,8 +482,12 @@ def replace_audit_run(
     results: Iterable[Mapping[str, Any]],
     findings: Iterable[Mapping[str, Any]],
     rolled_up_seconds: float = 0.0,
+    hourly: bool = False,
 ) -> int:
     """Store one audit run, replacing the runs of the same window it supersedes.
+
+    `hourly`: the results carry `hour_ms`, their UTC hour's bucket (SPEC §11); a result
+    without one is the whole run's, stored at the run's start.
 
     `rolled_up_seconds`: GPU-seconds of the window audited from 1-minute rollups (the
     report flags them as coarser). A result that does not say `estimated` was not.
@@ -514,10 +518,13 @@ def replace_audit_run(
             "thresholds": json.loads(json.dumps(dict(thresholds))),
             "version": version,
             "rolled_up_seconds": float(rolled_up_seconds),
+            "hourly": hourly,
             **({} if next_id is None else {"id": next_id}),
         },
     ).scalar_one()
-    result_rows = [{"run_id": run_id, "estimated": False, **r} for r in results]
+    result_rows = [
+        {"run_id": run_id, "estimated": False, "hour_ms": window[0], **r} for r in results
+    ]
     if result_rows:
         conn.execute(insert(audit_results), result_rows)
     finding_rows = [{"run_id": run_id, **f} for f in findings]

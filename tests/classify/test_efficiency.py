@@ -182,3 +182,36 @@ def jobs_by(name: str) -> object:
     from auditor.report.summary import GroupBy
 
     return GroupBy(name)
+
+
+def test_sm_seconds_per_hour_are_what_each_hour_alone_gives() -> None:
+    """SPEC §11: SM activity stored per UTC hour. A tenure from 00:20 to 02:40 of samples
+    whose SM activity changes every 7 minutes (10 s apart, one straddling each hour): each
+    bucket of a window from 00:30 to 02:30 is `efficiency` of that bucket alone, and the
+    buckets sum to the window's."""
+    from auditor.classify.hours import HOUR_MS, hour_buckets
+    from auditor.model import Window
+
+    day = T0 - T0 % HOUR_MS
+    start, end = day + 20 * MIN, day + 160 * MIN
+    ts = np.arange(start - 5_000, end, STEP, dtype=np.int64)
+    samples = pd.DataFrame(
+        {
+            "gpu": "GPU-a",
+            "ts_ms": ts,
+            "util": 40.0 + 50.0 * ((ts // (7 * MIN)) % 2),
+            "sm_active": 0.1 + 0.05 * ((ts // (7 * MIN)) % 5),
+        }
+    )
+    held = tenure(start, end)
+    window = Window(day + 30 * MIN, day + 150 * MIN)
+    got = efficiency(samples, held, window=window, thresholds=Thresholds(), hour_ms=HOUR_MS).sm
+    whole = efficiency(samples, held, window=window, thresholds=Thresholds()).sm
+    figures = ["sm_active_seconds", "sm_busy_seconds"]
+    assert got[figures].sum().to_numpy() == pytest.approx(whole[figures].sum().to_numpy())
+    buckets = hour_buckets(window)
+    assert sorted(got["hour_ms"]) == [b.start_ms for b in buckets]
+    for b in buckets:
+        alone = efficiency(samples, held, window=b, thresholds=Thresholds()).sm
+        mine = got[got["hour_ms"] == b.start_ms]
+        assert mine[figures].to_numpy() == pytest.approx(alone[figures].to_numpy())

@@ -376,3 +376,31 @@ def test_a_notebook_idle_across_midnight_is_reserved_idle_in_the_dailies(
     assert both[key] == pytest.approx(40 * 60, abs=1)
     assert dailies.get(key, 0.0) == pytest.approx(both[key])
     assert_add_up(dailies, both)
+
+
+# ----------------------------------------------------------------------------- hour buckets
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_each_hour_bucket_is_what_classifying_that_hour_alone_gives(data: st.DataObject) -> None:
+    """SPEC §11: results stored per UTC hour serve any window of whole hours. Each bucket
+    of a window (the edge ones clipped to it) is the classification of that bucket alone,
+    and the buckets sum to the window's results."""
+    from auditor.classify.hours import HOUR_MS, hour_buckets
+
+    case = data.draw(cases())
+    shift = data.draw(st.integers(0, 59)) * MINUTE + data.draw(st.integers(0, 59_999))
+    window = Window(case.window.start_ms + shift, case.window.end_ms)
+    gpus, pods, assignments = frames(case)
+    tenures = build_tenures(pods, gpus, assignments, now_ms=window.end_ms + 15 * MINUTE)
+    got = classify(case.samples, tenures, window=window, thresholds=TH, hour_ms=HOUR_MS)
+    assert got.hourly is not None
+    assert_add_up(totals([got.hourly]), totals([got.results]))
+    buckets = hour_buckets(window)
+    assert buckets[0].start_ms == window.start_ms
+    assert buckets[-1].end_ms == window.end_ms
+    for bucket in buckets:
+        alone = classify(case.samples, tenures, window=bucket, thresholds=TH).results
+        mine = got.hourly[got.hourly["hour_ms"] == bucket.start_ms]
+        assert_add_up(totals([mine]), totals([alone]))

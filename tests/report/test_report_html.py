@@ -158,7 +158,7 @@ def test_the_html_report_reads_the_store_once_on_one_engine_it_disposes(small_db
         "Run:ai pods": "SELECT pods.uid, pods.labels, pods.annotations",
         "gpus": "SELECT gpus.id,",
         "assignments": "SELECT gpu_assignments.pod_uid,",
-        "results": "SELECT audit_results.",
+        "results": "SELECT hours.run_id, gpus.uuid AS gpu, coalesce(",  # hours summed per run
         "findings": "SELECT audit_findings.",
     }
     for what, head in reads.items():

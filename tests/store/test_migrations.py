@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, inspect, text
 
-from auditor.errors import StoreError
+from auditor.errors import InputError, StoreError
 from auditor.store import migrate
 from auditor.store.connection import make_engine
 from auditor.store.schema import metadata
@@ -279,3 +279,80 @@ def test_0010_tags_new_samples_and_leaves_older_ones_untagged_both_ways(engine: 
         ]
         columns = {c["name"] for c in inspect(conn).get_columns("gpu_samples")}
     assert "import_id" not in columns
+
+
+def test_results_stored_before_0011_stay_one_bucket_of_their_run(engine: Engine) -> None:
+    """Migration 0011 (SPEC §11): rows of a run stored before results were kept per hour get
+    the run's start as their bucket, so a read of the whole run is what it was, and a
+    window cutting the run asks for it to be audited again. Downgrading sums each run's
+    hours back into one row per key."""
+    from auditor.jobs.reports import covering_runs
+    from auditor.store import reads
+    from auditor.store.signals import read_causes
+    from auditor.store.work_done import read_sm
+
+    day, hour = 86_400_000, 3_600_000
+    start = 1_795_392_000_000
+    migrate.upgrade(engine, "0009")
+    with engine.begin() as conn:
+        conn.execute(text("INSERT INTO gpus (id, uuid, node) VALUES (1, 'GPU-old', 'n1')"))
+        conn.execute(
+            text(
+                "INSERT INTO audit_runs (id, window_start_ms, window_end_ms, shard, created_ms,"
+                " thresholds, version) VALUES (1, :a, :b, 'all', :b, '{}', '0.1')"
+            ),
+            {"a": start, "b": start + day},
+        )
+        conn.execute(
+            text(
+                "INSERT INTO audit_results (run_id, gpu_id, pod_uid, category, seconds,"
+                " inferred) VALUES (1, 1, NULL, 'unallocated', 50000.0, false),"
+                " (1, 1, NULL, 'busy', 36400.0, false)"
+            )
+        )
+        conn.execute(
+            text(
+                "INSERT INTO audit_causes (run_id, gpu_id, pod_uid, category, cause, seconds,"
+                " signalled_seconds) VALUES (1, 1, NULL, 'unallocated', 'no_demand', 50000.0,"
+                " 0.0)"
+            )
+        )
+        conn.execute(
+            text(
+                "INSERT INTO audit_sm (run_id, gpu_id, pod_uid, sm_active_seconds,"
+                " sm_busy_seconds) VALUES (1, 1, NULL, 10.0, 20.0)"
+            )
+        )
+    migrate.upgrade(engine)
+    assert migrate.check_drift(engine) == []
+    with engine.connect() as conn:
+        hours = {
+            t: {int(h) for (h,) in conn.execute(text(f"SELECT hour_ms FROM {t}"))}
+            for t in ("audit_results", "audit_causes", "audit_sm")
+        }
+        runs = reads.runs_in_window(conn, start_ms=start, end_ms=start + day)
+        assert not bool(runs["hourly"].iloc[0])
+        parts = covering_runs(runs, start_ms=start, end_ms=start + day, what="the window")
+        results = reads.read_results(conn, parts)
+        assert read_causes(conn, parts)["seconds"].sum() == 50000.0
+        assert read_sm(conn, parts)["sm_busy_seconds"].sum() == 20.0
+        with pytest.raises(InputError, match="stored before results were kept per hour"):
+            covering_runs(runs, start_ms=start + hour, end_ms=start + 2 * hour, what="it")
+    assert hours == {t: {start} for t in hours}
+    assert sorted(results["seconds"]) == [36400.0, 50000.0]
+
+    # a run stored per hour, summed back into one row per key on the way down
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO audit_results (run_id, gpu_id, pod_uid, category, seconds,"
+                " inferred, estimated, hour_ms) VALUES (1, 1, NULL, 'busy', 100.0, false,"
+                " false, :h)"
+            ),
+            {"h": start + hour},
+        )
+    migrate.downgrade(engine, "0009")
+    with engine.connect() as conn:
+        busy = conn.execute(text("SELECT seconds FROM audit_results WHERE category = 'busy'")).all()
+    assert [float(s) for (s,) in busy] == [36500.0]
+    migrate.upgrade(engine)
