@@ -48,15 +48,34 @@ def _config(connection: Connection | None = None) -> Config:
 
 @contextmanager
 def _migrating(target: Engine | str) -> Iterator[Connection]:
-    """One transaction to migrate in, and the only one migrating that database."""
-    with _alembic_lock, _engine(target) as engine, engine.begin() as connection:
-        if connection.dialect.name == "postgresql":
-            connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": PG_LOCK_KEY})
-        elif connection.dialect.name == "sqlite":
-            # Take the write lock now, before alembic reads the version: the driver
-            # would otherwise run the DDL outside any transaction.
-            connection.exec_driver_sql("BEGIN IMMEDIATE")
-        yield connection
+    """One transaction to migrate in, and the only one migrating that database.
+
+    On SQLite, foreign keys are off while it runs (and checked before it commits): a batch
+    alteration copies a table and drops the old one, and with them on, that drop would
+    cascade to every row referencing it (dropping a column of `gpus` would delete every
+    stored result)."""
+    with _alembic_lock, _engine(target) as engine, engine.connect() as connection:
+        sqlite = connection.dialect.name == "sqlite"
+        if sqlite:  # takes effect only outside a transaction
+            connection.exec_driver_sql("PRAGMA foreign_keys=OFF")
+            connection.commit()
+        try:
+            with connection.begin():
+                if connection.dialect.name == "postgresql":
+                    connection.execute(
+                        text("SELECT pg_advisory_xact_lock(:key)"), {"key": PG_LOCK_KEY}
+                    )
+                elif sqlite:
+                    # Take the write lock now, before alembic reads the version: the driver
+                    # would otherwise run the DDL outside any transaction.
+                    connection.exec_driver_sql("BEGIN IMMEDIATE")
+                yield connection
+                if sqlite and connection.exec_driver_sql("PRAGMA foreign_key_check").first():
+                    raise RuntimeError("a migration left rows referencing rows that are gone")
+        finally:
+            if sqlite:
+                connection.exec_driver_sql("PRAGMA foreign_keys=ON")
+                connection.commit()
 
 
 @contextmanager

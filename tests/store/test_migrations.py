@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine, inspect, text
+from sqlalchemy.exc import IntegrityError
 
 from auditor.errors import InputError, StoreError
 from auditor.store import migrate
@@ -356,3 +357,40 @@ def test_results_stored_before_0011_stay_one_bucket_of_their_run(engine: Engine)
         busy = conn.execute(text("SELECT seconds FROM audit_results WHERE category = 'busy'")).all()
     assert [float(s) for (s,) in busy] == [36500.0]
     migrate.upgrade(engine)
+
+
+@pytest.mark.parametrize("revision", ["0003", "0005", "0006"])
+def test_downgrades_that_rebuild_a_table_keep_the_stored_results(
+    engine: Engine, revision: str
+) -> None:
+    """These downgrades drop a column of `audit_runs` or `gpus`; done on SQLite as a copy of
+    the table, the drop of the old one cascaded (foreign keys on) to every stored result."""
+    migrate.upgrade(engine, revision)
+    with engine.begin() as conn:
+        conn.execute(text("INSERT INTO gpus (id, uuid, node) VALUES (1, 'GPU-a', 'n1')"))
+        conn.execute(
+            text(
+                "INSERT INTO audit_runs (id, window_start_ms, window_end_ms, shard, created_ms,"
+                " thresholds, version) VALUES (1, 0, 3600000, 'all', 1, '{}', '0.1')"
+            )
+        )
+        conn.execute(
+            text(
+                "INSERT INTO audit_results (run_id, gpu_id, pod_uid, category, seconds,"
+                " inferred) VALUES (1, 1, NULL, 'busy', 3600.0, false)"
+            )
+        )
+    migrate.downgrade(engine, f"{int(revision) - 1:04d}")
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT run_id, seconds FROM audit_results")).all() == [
+            (1, 3600.0)
+        ]
+        assert conn.execute(text("SELECT uuid FROM gpus")).all() == [("GPU-a",)]
+    migrate.upgrade(engine)
+    with engine.connect() as conn, pytest.raises(IntegrityError):  # foreign keys on again
+        conn.execute(
+            text(
+                "INSERT INTO audit_results (run_id, gpu_id, category, seconds, inferred,"
+                " hour_ms) VALUES (1, 99, 'busy', 1.0, false, 0)"
+            )
+        )

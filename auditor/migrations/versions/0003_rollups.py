@@ -51,6 +51,10 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("audit_runs") as batch:
-        batch.drop_column("rolled_up_seconds")
+    # in place on SQLite (3.35+): a batch copy of audit_runs would drop the old table, and
+    # with foreign keys on that cascades to every stored result
+    if op.get_bind().dialect.name == "sqlite":
+        op.execute("ALTER TABLE audit_runs DROP COLUMN rolled_up_seconds")
+    else:
+        op.drop_column("audit_runs", "rolled_up_seconds")
     op.drop_table("gpu_samples_1m")
