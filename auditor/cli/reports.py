@@ -41,9 +41,17 @@ def report(
     team: Annotated[str | None, typer.Option("--team", help="Only this team's rows.")] = None,
     fmt: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.TABLE,
     start: Annotated[
-        str | None, typer.Option("--start", help="Window start (default: latest audit).")
+        str | None,
+        typer.Option(
+            "--start",
+            help="Window start (default: latest audit): a whole UTC hour inside audited runs, "
+            "or where a run starts.",
+        ),
     ] = None,
-    end: Annotated[str | None, typer.Option("--end", help="Window end.")] = None,
+    end: Annotated[
+        str | None,
+        typer.Option("--end", help="Window end: a whole UTC hour, or where a run ends."),
+    ] = None,
     out: OutOption = None,
     policy: Annotated[
         list[str],
