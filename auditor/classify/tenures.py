@@ -68,6 +68,9 @@ TENURE_COLUMNS = [
 MIG_PREFIX = "nvidia.com/mig-"
 RESERVATION = "runai-reservation"
 """`share_kind` of Run:ai's placeholder pods: they hold no share of anything."""
+DRA = "dra"
+"""`share_kind` of a pod whose GPUs come from its ResourceClaims: its `gpu_count` is what
+they ask for (what it waits for), its cards only the claims' exact mapping."""
 REPLICAS_LABEL = "nvidia.com/gpu.replicas"
 EPS = 1e-9
 GPU_GROUP = "gpu_group"
@@ -389,8 +392,8 @@ def build_tenures(
                 rows.append((gpu, uid, gang, bound, end, False, s))
                 held[gpu].append((bound, end, s))
             continue
-        if node is None or ask.count <= 0:
-            continue
+        if node is None or ask.count <= 0 or ask.kind == DRA:
+            continue  # a DRA pod holds what its claims gave it, never a guess
         waiting.append(
             (
                 bound,

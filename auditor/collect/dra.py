@@ -35,6 +35,7 @@ A field that cannot be read is a `PodFieldError` naming the field relative to th
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -100,6 +101,12 @@ class DraClaim:
     results: tuple[DeviceKey, ...]
     pods: tuple[str, ...]
     """UIDs of the pods in `status.reservedFor`."""
+    owner: str | None = None
+    """UID of the pod the control plane made this claim for (from its template: the
+    claim's controlling `ownerReferences` entry of kind Pod); None for a claim made alone."""
+    asked: int = 0
+    """GPUs (cards or MIG instances) its requests ask for: what a pod still waiting for it
+    is waiting for."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,7 +252,63 @@ def read_claim(obj: Mapping[str, Any]) -> DraClaim:
         if optional_str(ref, "resource") != "pods" or ref.get("apiGroup") not in (None, ""):
             continue  # another kind of consumer
         pods.append(_str_in(ref, "uid", f"{where}.uid", limit=limits.UID_MAX))
-    return DraClaim(uid, namespace, name, tuple(results), tuple(dict.fromkeys(pods)))
+    return DraClaim(
+        uid,
+        namespace,
+        name,
+        tuple(results),
+        tuple(dict.fromkeys(pods)),
+        owner=_owner_pod(meta),
+        asked=_gpus_asked(mapping_at(obj, "spec", "spec", required=False), len(results)),
+    )
+
+
+GPU_CLASS = re.compile(r"(?:^|[.-])(?:gpu|mig)(?:[.-]|$)")
+"""A DeviceClass of GPUs or MIG instances by its name: NVIDIA's `gpu.nvidia.com` and
+`mig.nvidia.com`, `gpu.amd.com`, `gpu.intel.com`; not `compute-domain-…channel.nvidia.com`."""
+
+
+def _owner_pod(meta: Mapping[str, Any]) -> str | None:
+    refs = meta.get("ownerReferences")
+    if not isinstance(refs, list):
+        return None
+    for ref in refs:
+        if isinstance(ref, Mapping) and ref.get("kind") == "Pod" and ref.get("controller"):
+            uid = ref.get("uid")
+            if isinstance(uid, str) and 0 < len(uid) <= limits.UID_MAX and limits.is_clean(uid):
+                return uid
+    return None
+
+
+def _gpus_asked(spec: Mapping[str, Any], allocated: int) -> int:
+    """GPUs the claim's requests ask for: each request of a GPU class counts its `count`
+    (`allocationMode: ExactCount`, the default, 1 unless given); `All` counts what was
+    allocated, at least 1; of `firstAvailable` alternatives, the first. `v1` nests a
+    request's class and count under `exactly`, `v1beta1` and `v1beta2` do not."""
+    devices = spec.get("devices")
+    requests = devices.get("requests") if isinstance(devices, Mapping) else None
+    if not isinstance(requests, list):
+        return 0
+    total = 0
+    for req in requests:
+        if not isinstance(req, Mapping):
+            continue
+        body = req.get("exactly", req)
+        options = req.get("firstAvailable")
+        if isinstance(options, list) and options and isinstance(options[0], Mapping):
+            body = options[0]
+        if not isinstance(body, Mapping):
+            continue
+        cls = body.get("deviceClassName")
+        if not isinstance(cls, str) or not GPU_CLASS.search(cls):
+            continue
+        if body.get("allocationMode") == "All":
+            total += max(allocated, 1)
+            continue
+        count = body.get("count", 1)
+        if isinstance(count, int) and not isinstance(count, bool) and 0 < count <= 1024:
+            total += count
+    return total
 
 
 @dataclass
@@ -295,6 +358,15 @@ class DraState:
                 if dev.uuid is None:
                     continue  # not a card
                 out.extend(DraHold(uid, p, dev.uuid, dev.node, share) for p in claim.pods)
+        return out
+
+    def asks(self) -> dict[str, int]:
+        """Per pod, the GPUs the claims made for it ask for (what it waits for while it
+        waits; a claim shared by name is not counted: no one pod owns it)."""
+        out: dict[str, int] = {}
+        for claim in self.claims.values():
+            if claim.owner is not None and claim.asked:
+                out[claim.owner] = out.get(claim.owner, 0) + claim.asked
         return out
 
     def resolved(self, claim_uid: str) -> bool:

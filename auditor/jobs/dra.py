@@ -65,4 +65,34 @@ def write_holds(
         end = span[2] if span[2] is not None else start
         found.append(ExactAssignment(h.pod_uid, node, h.gpu_uuid, start, max(start, end), h.share))
     written = upsert_exact_assignments(conn, found, source=SOURCE)
+    stored = write_asks(conn, state, uids)
+    # a claim whose owner is not stored yet is tried again, as a hold whose pod is not
+    for u in uids:
+        claim = state.claims.get(u)
+        if claim is not None and claim.asked and claim.owner not in (None, *stored):
+            pending.add(u)
     return DraWrite(written, frozenset(pending))
+
+
+def write_asks(conn: Connection, state: DraState, claim_uids: Iterable[str]) -> set[str]:
+    """Store, as their `gpu_count`, the GPUs the pods owning these claims ask for through
+    all their claims: a DRA pod asks for no card in its containers, so without this one
+    still waiting would count as waiting for none (SPEC §10 `blocked`). Only pods stored as
+    DRA pods are changed; returns the UIDs of those the store holds."""
+    from sqlalchemy import update
+
+    from auditor.collect.shares import DRA_RESOURCE
+    from auditor.store.schema import pods
+
+    owners = {c.owner for u in claim_uids if (c := state.claims.get(u)) is not None}
+    asks = {p: n for p, n in state.asks().items() if p in owners}
+    stored: set[str] = set()
+    for uid, count in sorted(asks.items()):
+        changed = conn.execute(
+            update(pods)
+            .where(pods.c.uid == uid, pods.c.gpu_resource == DRA_RESOURCE)
+            .values(gpu_count=count)
+        ).rowcount
+        if changed:
+            stored.add(uid)
+    return stored

@@ -25,6 +25,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql, sqlite
 
+from auditor.collect.shares import DRA_RESOURCE
 from auditor.errors import shown
 from auditor.model import (
     ExactAssignment,
@@ -291,10 +292,16 @@ def upsert_pods(conn: Connection, records: Iterable[PodRecord]) -> int:
         "gpu_mem_mib",
         "gpu_mem_share",
     )
-    stmt = stmt.on_conflict_do_update(
-        index_elements=[pods.c.uid],
-        set_={**keep_old, **{c: stmt.excluded[c] for c in replace_cols}},
+    replaced = {c: stmt.excluded[c] for c in replace_cols}
+    # a DRA pod's count is its claims' (`jobs.dra.write_asks`): its own record says 0
+    replaced["gpu_count"] = case(
+        (
+            (stmt.excluded.gpu_resource == DRA_RESOURCE) & (stmt.excluded.gpu_count == 0),
+            pods.c.gpu_count,
+        ),
+        else_=stmt.excluded.gpu_count,
     )
+    stmt = stmt.on_conflict_do_update(index_elements=[pods.c.uid], set_={**keep_old, **replaced})
     rows = [pod_row(r) for r in merged.values()]
     for row in rows:
         check_row(pods, row, what=f"pod {row['namespace']}/{row['name']}")

@@ -17,7 +17,7 @@ from kubeapi import FakeApiServer, FakeCluster, wait_until
 from sqlalchemy import select
 from watchharness import Harness
 
-from auditor.store.schema import gpu_assignments, gpus
+from auditor.store.schema import gpu_assignments, gpus, pods
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "pods" / "dra"
 A0 = "GPU-5a1e0d3c-0000-4b7e-9c11-aa0000000000"
@@ -49,6 +49,11 @@ def _exact(h: Harness) -> dict[tuple[str, str], float]:
         }
 
 
+def _counts(h: Harness) -> dict[str, int]:
+    with h.engine.connect() as conn:
+        return {str(n): int(c) for n, c in conn.execute(select(pods.c.name, pods.c.gpu_count))}
+
+
 @pytest.mark.parametrize(
     ("fixture", "versions"), [("cluster.json", ("v1", "v1beta1")), ("cluster.yaml", ("v1beta1",))]
 )
@@ -69,6 +74,9 @@ def test_the_watcher_maps_claims_to_cards_as_the_import_does(
                 if obj["kind"] == "Pod":
                     cluster.put("pods", obj)
             wait_until(lambda: _exact(h) == EXACT)
+            # the waiting pod, stored after its claim, still waits for the one GPU it asks
+            wait_until(lambda: _counts(h).get("queued-0") == 1)
+        assert _counts(h) == {"train-0": 1, "mig-0": 1, "queued-0": 1, "infer-a": 0, "infer-b": 0}
         read = {p.split("?")[0] for p in cluster.requests if "/resource" in p.split("?")[0][20:]}
         assert {p.split("/")[3] for p in read} == {versions[0]}  # the first served wins
 

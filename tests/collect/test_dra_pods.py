@@ -154,13 +154,68 @@ def test_pods_before_their_claims_in_another_file(db: str, tmp_path: Path) -> No
     assert _stored(db)[0] == EXACT
 
 
+@pytest.mark.parametrize("fixture", ["cluster.json", "cluster.yaml"])
+def test_a_pod_waiting_on_its_claim_waits_for_the_gpus_the_claim_asks_for(
+    db: str, fixture: str, tmp_path: Path
+) -> None:
+    """A DRA pod asks for no card in its containers: what it waits for is what the claim
+    made for it asks (queued-0: one `gpu.nvidia.com` device), so its wait counts as one card
+    waiting (SPEC §10 `blocked`, `queue_wait_gpu_hours`). A claim shared by name is no one
+    pod's ask. Seeing the pod again (a later snapshot) keeps the count."""
+    from auditor.model import Window
+    from auditor.store.demand import read_queue_waits
+
+    code, out = invoke(db, "import", "pods", str(FIXTURES / fixture))
+    assert code == 0, out
+    engine = make_engine(db)
+    with engine.connect() as conn:
+        count = dict(conn.execute(select(pods.c.name, pods.c.gpu_count)).all())
+    assert count == {"train-0": 1, "mig-0": 1, "queued-0": 1, "infer-a": 0, "infer-b": 0}
+    doc = json.loads((FIXTURES / "cluster.json").read_text())
+    again = {**doc, "items": [i for i in doc["items"] if i["kind"] == "Pod"]}
+    (tmp_path / "pods.json").write_text(json.dumps(again))
+    code, out = invoke(db, "import", "pods", str(tmp_path / "pods.json"))
+    assert code == 0, out
+    with engine.connect() as conn:
+        assert (
+            conn.execute(select(pods.c.gpu_count).where(pods.c.name == "queued-0")).scalar_one()
+            == 1
+        )
+        waits = read_queue_waits(conn, window=Window(T0 - 3_600_000, T0 + 10**12))
+    engine.dispose()
+    assert waits.set_index("name")["cards"].to_dict() == {"queued-0": 1.0}
+    # and the count never makes the pod's cards a guess: with no claim mapped it holds none
+    assert _stored(db)[0] == EXACT
+
+
+def test_gpus_asked_by_a_claim_of_each_shape() -> None:
+    def claim(spec: dict[str, Any]) -> int:
+        obj = {"metadata": {"uid": "c", "name": "c", "namespace": "n"}, "spec": spec}
+        return dra.read_claim(obj).asked
+
+    def req(**body: Any) -> dict[str, Any]:
+        return {"devices": {"requests": [{"name": "r", **body}]}}
+
+    assert claim(req(exactly={"deviceClassName": "gpu.nvidia.com", "count": 4})) == 4
+    assert claim(req(exactly={"deviceClassName": "gpu.nvidia.com"})) == 1  # ExactCount, 1
+    assert claim(req(deviceClassName="mig.nvidia.com", count=2)) == 2  # v1beta1, flat
+    assert claim(req(exactly={"deviceClassName": "gpu.amd.com", "allocationMode": "All"})) == 1
+    channel = "compute-domain-default-channel.nvidia.com"
+    assert claim(req(exactly={"deviceClassName": channel})) == 0  # not a GPU
+    first = [{"name": "a", "deviceClassName": "gpu.nvidia.com", "count": 2}]
+    assert claim(req(firstAvailable=first)) == 2
+    assert claim({}) == 0
+
+
 def test_claims_of_pods_not_imported_give_nothing_and_say_so(db: str, tmp_path: Path) -> None:
     doc = json.loads((FIXTURES / "cluster.json").read_text())
     rest = {**doc, "items": [i for i in doc["items"] if i["kind"] != "Pod"]}
     (tmp_path / "dra.json").write_text(json.dumps(rest))
     code, out = invoke(db, "import", "pods", str(tmp_path / "dra.json"))
     assert code == 0, out
-    assert "3 claims gave nothing" in out, out
+    # train-0's, mig-0's and the shared one's holds, and queued-0's ask: their pods are not
+    # stored (spare-1g is reserved for no one and owned by no pod: nothing to give)
+    assert "4 claims gave nothing" in out, out
     assert _stored(db)[0] == {}
 
 
