@@ -61,40 +61,81 @@ def memory_in_use(
     window: tuple[int, int],
 ) -> MemoryInUse:
     """Per card on a node where some pod's placement is a guess (no exact mapping), the
-    minutes of `window` its samples show memory in use, merged into spans."""
-    from sqlalchemy import func, select
+    minutes of `window` its samples show memory in use, merged into spans.
 
-    from auditor.store.schema import gpu_samples
+    Only where a guess looks (`MemoryInUse.begins`, `from_start`): the evidence's first
+    `EDGE_MS`, and around each guessed pod's bind on its node's cards, from `READ_BEFORE_MS`
+    before it (where a span that would merge with one starting there lies) to `ONSET_MS`
+    after. Spans starting inside those stretches are the ones a read of the whole window
+    gives; the rest of a day of samples is not read."""
+    import numpy as np
+    import pandas as pd
+
+    from auditor.classify.tenures import EDGE_MS, ONSET_MS
 
     exact = set(assignments["pod_uid"].dropna().astype(str))
     guessed = pods[~pods["uid"].astype(str).isin(exact) & pods["node"].notna()]
     nodes = set(guessed["node"].astype(str))
     cards = gpus[gpus["node"].astype(str).isin(nodes)]
-    uuid_of = {int(i): str(u) for u, i in zip(cards["uuid"], cards["id"], strict=True)}
+    lo, hi = window
+    first = lo + EDGE_MS
+    stretches: dict[str, list[tuple[int, int]]] = {n: [(lo, first + BUCKET_MS)] for n in nodes}
+    bound = pd.to_numeric(guessed["bound_ms"], errors="coerce")
+    for node, at in zip(guessed["node"].astype(str), bound, strict=True):
+        if not np.isnan(at):
+            start = max(int(at), first)
+            stretches[node].append((start - READ_BEFORE_MS, start + ONSET_MS))
     spans: dict[str, list[tuple[int, int]]] = {}
-    ids = sorted(uuid_of)
-    for at in range(0, len(ids), 500):
-        minute = gpu_samples.c.ts_ms // BUCKET_MS
-        stmt = (
-            select(
-                gpu_samples.c.gpu_id, func.min(gpu_samples.c.ts_ms), func.max(gpu_samples.c.ts_ms)
-            )
-            .where(
-                gpu_samples.c.gpu_id.in_(ids[at : at + 500]),
-                gpu_samples.c.ts_ms >= window[0],
-                gpu_samples.c.ts_ms < window[1],
-                gpu_samples.c.memory_used_mib > MEMORY_IN_USE_MIB,
-            )
-            .group_by(gpu_samples.c.gpu_id, minute)
-            .order_by(gpu_samples.c.gpu_id, func.min(gpu_samples.c.ts_ms))
-        )
-        for gpu_id, lo, hi in conn.execute(stmt):
-            card = spans.setdefault(uuid_of[int(gpu_id)], [])
-            if card and int(lo) - card[-1][1] <= 2 * BUCKET_MS:
-                card[-1] = (card[-1][0], int(hi))
-            else:
-                card.append((int(lo), int(hi)))
-    return MemoryInUse(spans, from_ms=window[0])
+    ranges = {n: _minutes(v, lo=lo, hi=hi) for n, v in stretches.items()}
+    mark = "%s" if conn.dialect.name == "postgresql" else "?"
+    query = (
+        f"SELECT ts_ms FROM gpu_samples WHERE gpu_id = {mark} AND ts_ms >= {mark}"
+        f" AND ts_ms < {mark} AND memory_used_mib > {mark} ORDER BY ts_ms"
+    )
+    cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+    try:
+        for uuid, gpu_id, node in zip(cards["uuid"], cards["id"], cards["node"], strict=True):
+            card: list[tuple[int, int]] = []
+            for a, b in ranges[str(node)]:
+                cur.execute(query, (int(gpu_id), a, b, MEMORY_IN_USE_MIB))
+                ts = np.fromiter((r[0] for r in cur.fetchall()), dtype=np.int64)
+                if not ts.size:
+                    continue
+                # per minute its first and last reading, as one grouped pass would give them
+                minute = ts // BUCKET_MS
+                cut = np.flatnonzero(np.diff(minute)) + 1
+                starts, ends = ts[np.r_[0, cut]], ts[np.r_[cut - 1, ts.size - 1]]
+                for m_lo, m_hi in zip(starts.tolist(), ends.tolist(), strict=True):
+                    if card and m_lo - card[-1][1] <= 2 * BUCKET_MS:
+                        card[-1] = (card[-1][0], m_hi)
+                    else:
+                        card.append((m_lo, m_hi))
+            if card:
+                spans[str(uuid)] = card
+    finally:
+        cur.close()
+    return MemoryInUse(spans, from_ms=lo)
+
+
+READ_BEFORE_MS = 3 * BUCKET_MS
+"""Read this far before where a guess looks: memory in use up to two minutes before a
+minute's first reading merges with it (one span), so a span's start is known only with the
+minutes before it read."""
+
+
+def _minutes(stretches: list[tuple[int, int]], *, lo: int, hi: int) -> list[tuple[int, int]]:
+    """The stretches widened to whole minutes, merged, and cut to `[lo, hi)`."""
+    out: list[tuple[int, int]] = []
+    for start, end in sorted(stretches):
+        a = max(lo, start // BUCKET_MS * BUCKET_MS)
+        b = min(hi, -(-end // BUCKET_MS) * BUCKET_MS)
+        if a >= b:
+            continue
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
 
 
 def held_tenures(
