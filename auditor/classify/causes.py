@@ -128,24 +128,37 @@ def _at(
     if not have:
         return out
     right = signals[[key, "ts_ms", *have]].dropna(subset=[key, "ts_ms"])
-    right = right.assign(
-        _key=right[key].astype(str), _t=right["ts_ms"].astype(np.int64)
-    ).sort_values("_t", kind="stable")
     if "mid_ms" in pieces.columns:  # the whole piece's midpoint, however a window cut it
         mid = pieces["mid_ms"].to_numpy(np.int64)
     else:
         mid = (pieces["start_ms"].to_numpy(np.int64) + pieces["end_ms"].to_numpy(np.int64)) // 2
-    left = pd.DataFrame({"_key": pieces[key].astype(str).to_numpy(), "_t": mid, "_i": pieces.index})
-    joined = pd.merge_asof(
-        left.sort_values("_t", kind="stable"),
-        right[["_key", "_t", *have]],
-        on="_t",
-        by="_key",
-        direction="backward",
-        tolerance=stale_ms,
-    ).set_index("_i")
+    # An as-of join by key, in arrays: rows sorted (stably) by key and the rank of their
+    # time; each piece finds the last row of its key at or before its midpoint by one
+    # binary search, and takes it if it is no older than `stale_ms`. Of rows of one key and
+    # time, the last given wins.
+    n = len(pieces)
+    keys = np.concatenate(
+        [
+            pieces[key].astype(str).to_numpy(dtype=object),
+            right[key].astype(str).to_numpy(dtype=object),
+        ]
+    )
+    codes = pd.factorize(keys)[0].astype(np.int64)
+    p_key, r_key = codes[:n], codes[n:]
+    r_t = right["ts_ms"].to_numpy(np.int64)
+    times = np.unique(r_t)
+    width = np.int64(times.size + 1)
+    r_pos = r_key * width + np.searchsorted(times, r_t) + 1  # a time's rank counts from 1
+    r_order = np.argsort(r_pos, kind="stable")
+    r_sorted = r_pos[r_order]
+    # the rank of the latest signal time at or before each midpoint (0: none)
+    p_rank = np.searchsorted(times, mid, side="right")
+    found = np.searchsorted(r_sorted, p_key * width + p_rank, side="right") - 1
+    row = r_order[np.maximum(found, 0)]
+    hit = (found >= 0) & (r_key[row] == p_key) & (mid - r_t[row] <= stale_ms)
     for c in have:
-        out[c] = joined[c].astype(np.float64).reindex(pieces.index)
+        values = right[c].to_numpy(dtype=np.float64, na_value=np.nan)
+        out[c] = np.where(hit, values[row], np.nan)
     return out
 
 
