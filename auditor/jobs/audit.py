@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -193,13 +193,15 @@ def _audit(
         demand = read_demand(conn, window=audited)
     # a piece the window cuts is judged at its whole midpoint, up to a sample's coverage
     # outside the window: its signal may lie that far out, and up to `signal_stale_s` before
-    margin = round(thresholds.signal_stale_s * 1000) + READ_MARGIN_MS
+    stale = round(thresholds.signal_stale_s * 1000)
+    margin = stale + READ_MARGIN_MS
 
     def load(context: set[str]) -> Loaded:
         """The cards' raw samples and, where raw data was rolled up, 1-minute pseudo-samples;
         the tenants' own utilisation of shared cards; their pods' and their own signals."""
         wanted = [(int(gpu_ids[u]), *ranges[u]) for u in sorted(context)]
-        held = tenures.loc[tenures["gpu"].isin(context), "pod_uid"].astype(str)
+        on = tenures[tenures["gpu"].isin(context)]
+        held = on["pod_uid"].astype(str)
         with engine.connect() as conn:
             raw = reads.read_card_samples(conn, wanted, uuids, neighbours=NEIGHBOUR_SAMPLES)
             return Loaded(
@@ -211,6 +213,7 @@ def _audit(
                     window=audited,
                     margin_ms=margin,
                     cards={w[0]: uuids[w[0]] for w in wanted},
+                    spans=held_spans(on, gpu_ids, stale_ms=stale),
                 ),
             )
 
@@ -318,6 +321,26 @@ def card_ranges(gpus: pd.DataFrame, tenures: pd.DataFrame, *, window: Window) ->
         a = min(start_ms, int(lo[uuid])) if uuid in lo.index else start_ms
         b = max(end_ms, int(hi[uuid])) if uuid in hi.index else end_ms
         out[uuid] = Window(a - READ_MARGIN_MS, b + READ_MARGIN_MS)
+    return out
+
+
+def held_spans(
+    tenures: pd.DataFrame, gpu_ids: Mapping[str, int], *, stale_ms: int
+) -> dict[int, list[tuple[int, int]]]:
+    """Per GPU id, the spans in which its signals can decide a cause: a held card's idle
+    piece lies inside a tenure of its pod on that card (the classifier cuts the time line
+    at every tenure's ends) and is judged at its midpoint, by the last signal row at most
+    `stale_ms` older. So `[start - stale, end]` of every tenure; a free card's time needs
+    none (`unallocated` is split by nodes' state and demand)."""
+    out: dict[int, list[tuple[int, int]]] = {}
+    known = tenures["start_ms"].notna() & tenures["end_ms"].notna()
+    for uuid, lo, hi in zip(
+        tenures.loc[known, "gpu"].astype(str),
+        tenures.loc[known, "start_ms"],
+        tenures.loc[known, "end_ms"],
+        strict=True,
+    ):
+        out.setdefault(int(gpu_ids[uuid]), []).append((int(lo) - stale_ms, int(hi) + 1))
     return out
 
 
