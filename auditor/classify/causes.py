@@ -104,6 +104,10 @@ IDLE_COLUMNS = ["gpu", "pod_uid", "start_ms", "end_ms", "cause", "deciding", "se
 FREE_COLUMNS = ["gpu", "cause", "seconds"]
 
 
+Values = dict[str, np.ndarray]
+"""Signal column -> its value at each piece (float, NaN where none is recent)."""
+
+
 def _at(
     pieces: pd.DataFrame,
     signals: pd.DataFrame | None,
@@ -111,18 +115,18 @@ def _at(
     key: str,
     columns: tuple[str, ...],
     stale_ms: int,
-) -> pd.DataFrame:
+) -> Values:
     """Each signal column's value at each piece's midpoint (NaN where none is recent). Rows
     of several sources (a `source` column: the sampler's cgroup reading, cAdvisor, a
     server's gauges) are read apart, so that one source's row never hides another's."""
-    out = pd.DataFrame(index=pieces.index, columns=list(columns), dtype=np.float64)
+    out = {c: np.full(len(pieces), np.nan) for c in columns}
     if signals is None or signals.empty:
         return out
     if "source" in signals.columns:
         for _, rows in signals.groupby("source", sort=True):
             got = _at(pieces, rows.drop(columns="source"), key=key, columns=columns,
                       stale_ms=stale_ms)  # fmt: skip
-            out = out.fillna(got)
+            out = {c: np.where(np.isnan(v), got[c], v) for c, v in out.items()}
         return out
     have = [c for c in columns if c in signals.columns]
     if not have:
@@ -183,12 +187,14 @@ def split_compute_idle(
     pod = _at(idle, pod_signals, key="pod_uid", columns=POD_SIGNALS, stale_ms=stale)
     card = _at(idle, card_signals, key="gpu", columns=CARD_SIGNALS, stale_ms=stale)
     t = thresholds
-    link = card["pcie_link_bytes_s"].fillna(t.pcie_default_bytes_s)
+    link = np.where(np.isnan(card["pcie_link_bytes_s"]), t.pcie_default_bytes_s,
+                    card["pcie_link_bytes_s"])  # fmt: skip
     gang = idle["pod_uid"].astype(str).isin(set(multi_card_pods)).to_numpy()
-    serving = (pod["requests_running"].notna() | pod["requests_waiting"].notna()).to_numpy()
-    queued = (pod["requests_running"].fillna(0) + pod["requests_waiting"].fillna(0) > 0).to_numpy()
+    running, waiting = pod["requests_running"], pod["requests_waiting"]
+    serving = ~np.isnan(running) | ~np.isnan(waiting)
+    queued = np.nan_to_num(running) + np.nan_to_num(waiting) > 0
 
-    def at_least(frame: pd.DataFrame, column: str, bound: float | pd.Series) -> np.ndarray:
+    def at_least(frame: Values, column: str, bound: float | np.ndarray) -> np.ndarray:
         """True where the signal was recorded and reached `bound` (NaN never holds)."""
         return np.asarray(frame[column] >= bound, dtype=bool)
 
@@ -219,7 +225,9 @@ def split_compute_idle(
         cause[hit] = verdict.value
         deciding[hit] = name
         open_ &= ~hit
-    signalled = (pod.notna().any(axis=1) | card.notna().any(axis=1)).to_numpy()
+    signalled = np.zeros(len(idle), dtype=bool)
+    for values in (*pod.values(), *card.values()):
+        signalled |= ~np.isnan(values)
     return pd.DataFrame(
         {
             "gpu": idle["gpu"].to_numpy(dtype=object),
