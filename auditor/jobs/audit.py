@@ -37,12 +37,18 @@ SPLIT_CATEGORIES = ("compute_idle", "unallocated")
 
 @dataclass(frozen=True)
 class Loaded:
-    """What one chunk of the audit reads: samples, tenants' activity, signals."""
+    """What one chunk of the audit is classified from: samples, tenants' activity."""
 
     samples: pd.DataFrame
     activity: pd.DataFrame
-    pod_signals: pd.DataFrame
-    card_signals: pd.DataFrame
+
+
+@dataclass(frozen=True)
+class Signals:
+    """What one chunk's causes are judged on (SPEC §10): pod and card signals."""
+
+    pods: pd.DataFrame
+    cards: pd.DataFrame
 
 
 @dataclass(frozen=True)
@@ -198,34 +204,48 @@ def _audit(
 
     def load(context: set[str]) -> Loaded:
         """The cards' raw samples and, where raw data was rolled up, 1-minute pseudo-samples;
-        the tenants' own utilisation of shared cards; their pods' and their own signals."""
+        the tenants' own utilisation of shared cards."""
         wanted = [(int(gpu_ids[u]), *ranges[u]) for u in sorted(context)]
-        on = tenures[tenures["gpu"].isin(context)]
-        held = on["pod_uid"].astype(str)
         with engine.connect() as conn:
             raw = reads.read_card_samples(conn, wanted, uuids, neighbours=NEIGHBOUR_SAMPLES)
             return Loaded(
                 samples=with_rolled(raw, read_rolled_card_samples(conn, wanted)),
                 activity=reads.read_tenant_util(conn, wanted, uuids),
-                pod_signals=read_pod_signals(conn, list(held), window=audited, margin_ms=margin),
-                card_signals=read_card_signals(
+            )
+
+    def load_signals(context: set[str]) -> Signals:
+        """The signals the causes of the cards' idle time are judged on: their pods' and
+        their own, the latter only while a pod held the card (`held_spans`)."""
+        on = tenures[tenures["gpu"].isin(context)]
+        with engine.connect() as conn:
+            return Signals(
+                pods=read_pod_signals(
+                    conn, list(on["pod_uid"].astype(str)), window=audited, margin_ms=margin
+                ),
+                cards=read_card_signals(
                     conn,
                     window=audited,
                     margin_ms=margin,
-                    cards={w[0]: uuids[w[0]] for w in wanted},
+                    cards={int(gpu_ids[u]): u for u in sorted(context)},
                     spans=held_spans(on, gpu_ids, stale_ms=stale),
                 ),
             )
 
     # Reading the next chunk (waiting on the database, building its rows) overlaps
-    # classifying this one: at most two chunks' samples are in memory at once.
+    # classifying this one: at most two chunks' samples are in memory at once. A chunk's
+    # signals are read after its samples, while it is classified: they are needed only
+    # once it is, so even the first chunk waits for its samples alone.
+    def submit(context: set[str]) -> tuple[Future[Loaded], Future[Signals]]:
+        return pool.submit(load, context), pool.submit(load_signals, context)
+
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="audit-read") as pool:
-        ahead: list[Future[Loaded]] = [pool.submit(load, parts[0][1])] if parts else []
+        ahead = [submit(parts[0][1])] if parts else []
         for i, (own, context) in enumerate(parts):
-            got = ahead.pop().result()
+            loading, signalling = ahead.pop()
+            got = loading.result()
             samples, activity = got.samples, got.activity
             if i + 1 < len(parts):
-                ahead.append(pool.submit(load, parts[i + 1][1]))
+                ahead.append(submit(parts[i + 1][1]))
             part = tenures[tenures["gpu"].isin(context)]
             result = classify(
                 samples,
@@ -239,13 +259,14 @@ def _audit(
             )
             assert result.pieces is not None
             res = result.results[result.results["gpu"].isin(own)]
+            signals = signalling.result()
             cause_rows += _cause_rows(
                 split_causes(
                     result.pieces[result.pieces["gpu"].isin(own)],
                     tenures=part,
                     cards=gpus,
-                    pod_signals=got.pod_signals,
-                    card_signals=got.card_signals,
+                    pod_signals=signals.pods,
+                    card_signals=signals.cards,
                     unavailable=unavailable,
                     demand=demand,
                     demand_known=not tenures.empty,
@@ -274,7 +295,7 @@ def _audit(
             n_samples += int(mine.sum())
             n_gpus += int(samples.loc[mine, "gpu"].nunique())
             rolled += rolled_up_seconds(samples, window=audited, gpus=own)
-            del got, samples, activity, result, res, fnd, mine
+            del got, signals, samples, activity, result, res, fnd, mine
     with engine.begin() as conn:
         run_id = replace_audit_run(
             conn,
