@@ -8,8 +8,9 @@ The fleet is `bench/fleet.py`'s (5 s samples, exact assignments). One store hold
 samples and pods; a copy of it holds as well, every 30 s, a cgroup signal row per pod
 (CPU-limit, throttling and pressure ratios), a PCIe/NVLink row per card, and a cordon on
 one node in ten. Both are audited in turn, each audit in its own process (imports are not
-audit time), `--rounds` times; the medians of wall-clock and of CPU seconds (on a shared
-machine the steadier of the two) and their ratios are printed. Without signals the audit
+audit time), `--rounds` times; the medians of wall-clock and of CPU seconds (both of the
+audit's threads: wall-clock hides what the read-ahead thread overlaps, CPU counts it) and
+their ratios are printed, with the median of each round's own ratio. Without signals the audit
 still splits both categories (every idle second `unexplained`, every free one
 `no_demand`): the ratio is the cost of reading and judging the signals. `--before DIR`, a
 checkout of a release without causes (`git worktree add DIR <commit>`), adds its audit of
