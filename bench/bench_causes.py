@@ -8,8 +8,10 @@ The fleet is `bench/fleet.py`'s (5 s samples, exact assignments). One store hold
 samples and pods; a copy of it holds as well, every 30 s, a cgroup signal row per pod
 (CPU-limit, throttling and pressure ratios), a PCIe/NVLink row per card, and a cordon on
 one node in ten. Both are audited in turn, each audit in its own process (imports are not
-audit time), `--rounds` times; the medians and their ratio are printed. Without signals
-the audit still splits both categories (every idle second `unexplained`, every free one
+audit time), `--rounds` times; the medians of wall-clock and of CPU seconds (both of the
+audit's threads: wall-clock hides what the read-ahead thread overlaps, CPU counts it) and
+their ratios are printed, with the median of each round's own ratio. Without signals the audit
+still splits both categories (every idle second `unexplained`, every free one
 `no_demand`): the ratio is the cost of reading and judging the signals. `--before DIR`, a
 checkout of a release without causes (`git worktree add DIR <commit>`), adds its audit of
 the bare store in the same rounds: the cost of the split itself.
@@ -37,10 +39,11 @@ import json, sys, time
 from auditor import jobs
 from auditor.settings import Thresholds
 import auditor.classify.pipeline, auditor.store.reads, auditor.store.signals  # noqa: F401
-t = time.perf_counter()
+t, cpu = time.perf_counter(), time.process_time()
 window = (int(sys.argv[2]), int(sys.argv[3]))
 stats = jobs.audit(sys.argv[1], window=window, thresholds=Thresholds())
-print(json.dumps({"seconds": time.perf_counter() - t, "samples": stats.samples}))
+print(json.dumps({"seconds": time.perf_counter() - t, "cpu": time.process_time() - cpu,
+                  "samples": stats.samples}))
 """
 
 
@@ -116,7 +119,8 @@ def add_signals(url: str, *, start_ms: int, end_ms: int) -> tuple[int, int]:
     return len(pod_rows), len(card_rows)
 
 
-def audit(url: str, start_ms: int, end_ms: int, *, tree: Path = ROOT) -> float:
+def audit(url: str, start_ms: int, end_ms: int, *, tree: Path = ROOT) -> tuple[float, float]:
+    """The audit's wall-clock and CPU seconds (both threads: reading ahead and classifying)."""
     done = subprocess.run(
         [sys.executable, "-c", AUDIT, url, str(start_ms), str(end_ms)],
         capture_output=True,
@@ -126,8 +130,8 @@ def audit(url: str, start_ms: int, end_ms: int, *, tree: Path = ROOT) -> float:
     )
     if done.returncode != 0:
         raise SystemExit(f"audit failed:\n{done.stderr}")
-    seconds: float = json.loads(done.stdout.strip().splitlines()[-1])["seconds"]
-    return seconds
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    return float(got["seconds"]), float(got["cpu"])
 
 
 def main() -> None:
@@ -146,25 +150,32 @@ def main() -> None:
             f"{args.gpus} GPUs x {args.hours:g} h: {n:,} samples; with signals: "
             f"{pod_rows:,} pod rows, {card_rows:,} card rows"
         )
-        without: list[float] = []
-        with_: list[float] = []
-        before: list[float] = []
+        runs: dict[str, list[tuple[float, float]]] = {"without": [], "with": [], "before": []}
         for _ in range(args.rounds):  # in turn, so that the machine's load hits all alike
-            without.append(audit(f"sqlite:///{bare}", start, end))
-            with_.append(audit(f"sqlite:///{full}", start, end))
+            runs["without"].append(audit(f"sqlite:///{bare}", start, end))
+            runs["with"].append(audit(f"sqlite:///{full}", start, end))
             if args.before is not None:
-                before.append(audit(f"sqlite:///{bare}", start, end, tree=args.before))
-        a, b = statistics.median(without), statistics.median(with_)
-        print(f"  audit without signals: median {a:.2f} s  {[round(x, 2) for x in without]}")
-        print(f"  audit with every signal: median {b:.2f} s  {[round(x, 2) for x in with_]}")
-        print(f"  with / without: {b / a:.3f}x")
-        if before:
-            c = statistics.median(before)
-            print(f"  audit before causes: median {c:.2f} s  {[round(x, 2) for x in before]}")
-            print(
-                f"  without signals / before: {a / c:.3f}x;"
-                f" with every signal / before: {b / c:.3f}x"
-            )
+                runs["before"].append(audit(f"sqlite:///{bare}", start, end, tree=args.before))
+        report(runs)
+
+
+def report(runs: dict[str, list[tuple[float, float]]]) -> None:
+    """Medians of wall-clock and CPU seconds, their ratios, and the median of each round's
+    own ratio (the two audits of a round ran back to back: a load that drifts over the
+    rounds moves both)."""
+    names = {"without": "without signals", "with": "with every signal", "before": "before causes"}
+    for k, (what, unit) in enumerate((("wall", "s"), ("CPU", "s CPU"))):
+        med = {n: statistics.median(x[k] for x in r) for n, r in runs.items() if r}
+        for n, m in med.items():
+            print(f"  {what}: audit {names[n]}: median {m:.2f} {unit}"
+                  f"  {[round(x[k], 2) for x in runs[n]]}")  # fmt: skip
+        pairs = zip(runs["with"], runs["without"], strict=True)
+        paired = statistics.median(w[k] / o[k] for w, o in pairs)
+        print(f"  {what}: with / without: {med['with'] / med['without']:.3f}x"
+              f" (per round: median {paired:.3f}x)")  # fmt: skip
+        if "before" in med:
+            print(f"  {what}: without signals / before: {med['without'] / med['before']:.3f}x;"
+                  f" with every signal / before: {med['with'] / med['before']:.3f}x")  # fmt: skip
 
 
 if __name__ == "__main__":

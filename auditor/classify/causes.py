@@ -107,6 +107,10 @@ HOUR = "hour_ms"
 carried through, so that the causes come out per hour."""
 
 
+Values = dict[str, np.ndarray]
+"""Signal column -> its value at each piece (float, NaN where none is recent)."""
+
+
 def _at(
     pieces: pd.DataFrame,
     signals: pd.DataFrame | None,
@@ -114,41 +118,54 @@ def _at(
     key: str,
     columns: tuple[str, ...],
     stale_ms: int,
-) -> pd.DataFrame:
+) -> Values:
     """Each signal column's value at each piece's midpoint (NaN where none is recent). Rows
     of several sources (a `source` column: the sampler's cgroup reading, cAdvisor, a
     server's gauges) are read apart, so that one source's row never hides another's."""
-    out = pd.DataFrame(index=pieces.index, columns=list(columns), dtype=np.float64)
+    out = {c: np.full(len(pieces), np.nan) for c in columns}
     if signals is None or signals.empty:
         return out
     if "source" in signals.columns:
         for _, rows in signals.groupby("source", sort=True):
             got = _at(pieces, rows.drop(columns="source"), key=key, columns=columns,
                       stale_ms=stale_ms)  # fmt: skip
-            out = out.fillna(got)
+            out = {c: np.where(np.isnan(v), got[c], v) for c, v in out.items()}
         return out
     have = [c for c in columns if c in signals.columns]
     if not have:
         return out
     right = signals[[key, "ts_ms", *have]].dropna(subset=[key, "ts_ms"])
-    right = right.assign(
-        _key=right[key].astype(str), _t=right["ts_ms"].astype(np.int64)
-    ).sort_values("_t", kind="stable")
     if "mid_ms" in pieces.columns:  # the whole piece's midpoint, however a window cut it
         mid = pieces["mid_ms"].to_numpy(np.int64)
     else:
         mid = (pieces["start_ms"].to_numpy(np.int64) + pieces["end_ms"].to_numpy(np.int64)) // 2
-    left = pd.DataFrame({"_key": pieces[key].astype(str).to_numpy(), "_t": mid, "_i": pieces.index})
-    joined = pd.merge_asof(
-        left.sort_values("_t", kind="stable"),
-        right[["_key", "_t", *have]],
-        on="_t",
-        by="_key",
-        direction="backward",
-        tolerance=stale_ms,
-    ).set_index("_i")
+    # An as-of join by key, in arrays: rows sorted (stably) by key and the rank of their
+    # time; each piece finds the last row of its key at or before its midpoint by one
+    # binary search, and takes it if it is no older than `stale_ms`. Of rows of one key and
+    # time, the last given wins.
+    n = len(pieces)
+    keys = np.concatenate(
+        [
+            pieces[key].astype(str).to_numpy(dtype=object),
+            right[key].astype(str).to_numpy(dtype=object),
+        ]
+    )
+    codes = pd.factorize(keys)[0].astype(np.int64)
+    p_key, r_key = codes[:n], codes[n:]
+    r_t = right["ts_ms"].to_numpy(np.int64)
+    times = np.unique(r_t)
+    width = np.int64(times.size + 1)
+    r_pos = r_key * width + np.searchsorted(times, r_t) + 1  # a time's rank counts from 1
+    r_order = np.argsort(r_pos, kind="stable")
+    r_sorted = r_pos[r_order]
+    # the rank of the latest signal time at or before each midpoint (0: none)
+    p_rank = np.searchsorted(times, mid, side="right")
+    found = np.searchsorted(r_sorted, p_key * width + p_rank, side="right") - 1
+    row = r_order[np.maximum(found, 0)]
+    hit = (found >= 0) & (r_key[row] == p_key) & (mid - r_t[row] <= stale_ms)
     for c in have:
-        out[c] = joined[c].astype(np.float64).reindex(pieces.index)
+        values = right[c].to_numpy(dtype=np.float64, na_value=np.nan)
+        out[c] = np.where(hit, values[row], np.nan)
     return out
 
 
@@ -175,12 +192,14 @@ def split_compute_idle(
     pod = _at(idle, pod_signals, key="pod_uid", columns=POD_SIGNALS, stale_ms=stale)
     card = _at(idle, card_signals, key="gpu", columns=CARD_SIGNALS, stale_ms=stale)
     t = thresholds
-    link = card["pcie_link_bytes_s"].fillna(t.pcie_default_bytes_s)
+    link = np.where(np.isnan(card["pcie_link_bytes_s"]), t.pcie_default_bytes_s,
+                    card["pcie_link_bytes_s"])  # fmt: skip
     gang = idle["pod_uid"].astype(str).isin(set(multi_card_pods)).to_numpy()
-    serving = (pod["requests_running"].notna() | pod["requests_waiting"].notna()).to_numpy()
-    queued = (pod["requests_running"].fillna(0) + pod["requests_waiting"].fillna(0) > 0).to_numpy()
+    running, waiting = pod["requests_running"], pod["requests_waiting"]
+    serving = ~np.isnan(running) | ~np.isnan(waiting)
+    queued = np.nan_to_num(running) + np.nan_to_num(waiting) > 0
 
-    def at_least(frame: pd.DataFrame, column: str, bound: float | pd.Series) -> np.ndarray:
+    def at_least(frame: Values, column: str, bound: float | np.ndarray) -> np.ndarray:
         """True where the signal was recorded and reached `bound` (NaN never holds)."""
         return np.asarray(frame[column] >= bound, dtype=bool)
 
@@ -211,7 +230,9 @@ def split_compute_idle(
         cause[hit] = verdict.value
         deciding[hit] = name
         open_ &= ~hit
-    signalled = (pod.notna().any(axis=1) | card.notna().any(axis=1)).to_numpy()
+    signalled = np.zeros(len(idle), dtype=bool)
+    for values in (*pod.values(), *card.values()):
+        signalled |= ~np.isnan(values)
     out = pd.DataFrame(
         {
             "gpu": idle["gpu"].to_numpy(dtype=object),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -53,12 +53,18 @@ SPLIT_CATEGORIES = ("compute_idle", "unallocated")
 
 @dataclass(frozen=True)
 class Loaded:
-    """What one chunk of the audit reads: samples, tenants' activity, signals."""
+    """What one chunk of the audit is classified from: samples, tenants' activity."""
 
     samples: pd.DataFrame
     activity: pd.DataFrame
-    pod_signals: pd.DataFrame
-    card_signals: pd.DataFrame
+
+
+@dataclass(frozen=True)
+class Signals:
+    """What one chunk's causes are judged on (SPEC §10): pod and card signals."""
+
+    pods: pd.DataFrame
+    cards: pd.DataFrame
 
 
 @dataclass(frozen=True)
@@ -222,13 +228,13 @@ def _audit(
         demand = read_demand(conn, window=audited)
     # a piece the window cuts is judged at its whole midpoint, up to a sample's coverage
     # outside the window: its signal may lie that far out, and up to `signal_stale_s` before
-    margin = round(thresholds.signal_stale_s * 1000) + READ_MARGIN_MS
+    stale = round(thresholds.signal_stale_s * 1000)
+    margin = stale + READ_MARGIN_MS
 
     def load(context: set[str]) -> Loaded:
         """The cards' raw samples and, where raw data was rolled up, 1-minute pseudo-samples;
-        the tenants' own utilisation of shared cards; their pods' and their own signals."""
+        the tenants' own utilisation of shared cards."""
         wanted = [(int(gpu_ids[u]), *ranges[u]) for u in sorted(context)]
-        held = tenures.loc[tenures["gpu"].isin(context), "pod_uid"].astype(str)
         with engine.connect() as conn:
             if source is None:
                 raw = reads.read_card_samples(conn, wanted, uuids, neighbours=NEIGHBOUR_SAMPLES)
@@ -237,24 +243,41 @@ def _audit(
             return Loaded(
                 samples=with_rolled(raw, read_rolled_card_samples(conn, wanted)),
                 activity=reads.read_tenant_util(conn, wanted, uuids),
-                pod_signals=read_pod_signals(conn, list(held), window=audited, margin_ms=margin),
-                card_signals=read_card_signals(
+            )
+
+    def load_signals(context: set[str]) -> Signals:
+        """The signals the causes of the cards' idle time are judged on: their pods' and
+        their own, the latter only while a pod held the card (`held_spans`)."""
+        on = tenures[tenures["gpu"].isin(context)]
+        with engine.connect() as conn:
+            return Signals(
+                pods=read_pod_signals(
+                    conn, list(on["pod_uid"].astype(str)), window=audited, margin_ms=margin
+                ),
+                cards=read_card_signals(
                     conn,
                     window=audited,
                     margin_ms=margin,
-                    cards={w[0]: uuids[w[0]] for w in wanted},
+                    cards={int(gpu_ids[u]): u for u in sorted(context)},
+                    spans=held_spans(on, gpu_ids, stale_ms=stale),
                 ),
             )
 
     # Reading the next chunk (waiting on the database, building its rows) overlaps
-    # classifying this one: at most two chunks' samples are in memory at once.
+    # classifying this one: at most two chunks' samples are in memory at once. A chunk's
+    # signals are read after its samples, while it is classified: they are needed only
+    # once it is, so even the first chunk waits for its samples alone.
+    def submit(context: set[str]) -> tuple[Future[Loaded], Future[Signals]]:
+        return pool.submit(load, context), pool.submit(load_signals, context)
+
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="audit-read") as pool:
-        ahead: list[Future[Loaded]] = [pool.submit(load, parts[0][1])] if parts else []
+        ahead = [submit(parts[0][1])] if parts else []
         for i, (own, context) in enumerate(parts):
-            got = ahead.pop().result()
+            loading, signalling = ahead.pop()
+            got = loading.result()
             samples, activity = got.samples, got.activity
             if i + 1 < len(parts):
-                ahead.append(pool.submit(load, parts[i + 1][1]))
+                ahead.append(submit(parts[i + 1][1]))
             part = tenures[tenures["gpu"].isin(context)]
             result = classify(
                 samples,
@@ -271,13 +294,14 @@ def _audit(
             assert result.hourly is not None
             # stored per UTC hour (SPEC §11): any whole-hour window inside the run is served
             res = result.hourly[result.hourly["gpu"].isin(own)]
+            signals = signalling.result()
             cause_rows += _cause_rows(
                 split_causes(
                     cut_at_hours(result.pieces[result.pieces["gpu"].isin(own)], window=audited),
                     tenures=part,
                     cards=gpus,
-                    pod_signals=got.pod_signals,
-                    card_signals=got.card_signals,
+                    pod_signals=signals.pods,
+                    card_signals=signals.cards,
                     unavailable=unavailable,
                     demand=demand,
                     demand_known=not tenures.empty,
@@ -307,7 +331,7 @@ def _audit(
             n_samples += int(mine.sum())
             n_gpus += int(samples.loc[mine, "gpu"].nunique())
             rolled += rolled_up_seconds(samples, window=audited, gpus=own)
-            del got, samples, activity, result, res, fnd, mine
+            del got, signals, samples, activity, result, res, fnd, mine
     with engine.begin() as conn:
         run_id = replace_audit_run(
             conn,
@@ -355,6 +379,26 @@ def card_ranges(gpus: pd.DataFrame, tenures: pd.DataFrame, *, window: Window) ->
         a = min(start_ms, int(lo[uuid])) if uuid in lo.index else start_ms
         b = max(end_ms, int(hi[uuid])) if uuid in hi.index else end_ms
         out[uuid] = Window(a - READ_MARGIN_MS, b + READ_MARGIN_MS)
+    return out
+
+
+def held_spans(
+    tenures: pd.DataFrame, gpu_ids: Mapping[str, int], *, stale_ms: int
+) -> dict[int, list[tuple[int, int]]]:
+    """Per GPU id, the spans in which its signals can decide a cause: a held card's idle
+    piece lies inside a tenure of its pod on that card (the classifier cuts the time line
+    at every tenure's ends) and is judged at its midpoint, by the last signal row at most
+    `stale_ms` older. So `[start - stale, end]` of every tenure; a free card's time needs
+    none (`unallocated` is split by nodes' state and demand)."""
+    out: dict[int, list[tuple[int, int]]] = {}
+    known = tenures["start_ms"].notna() & tenures["end_ms"].notna()
+    for uuid, lo, hi in zip(
+        tenures.loc[known, "gpu"].astype(str),
+        tenures.loc[known, "start_ms"],
+        tenures.loc[known, "end_ms"],
+        strict=True,
+    ):
+        out.setdefault(int(gpu_ids[uuid]), []).append((int(lo) - stale_ms, int(hi) + 1))
     return out
 
 

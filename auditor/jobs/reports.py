@@ -140,8 +140,10 @@ def _read_report(
     scope = results if team is None else results[results["team"] == team]
     if team is not None and scope.empty:
         raise InputError(f"no team {team!r} in this window", field="--team")
-    causes = read_causes(conn, run_ids)
-    rows = summarise(results, by=by, team=team, causes=causes)
+    # the stored causes completed with what they leave as the no-signal cause, once for the
+    # rows, the totals and the offenders (the team's rows: what summarise keeps of results)
+    split = complete_causes(with_platform(scope), read_causes(conn, run_ids))
+    rows = summarise(results, by=by, team=team, split=split)
     queue = job_waits(pd.DataFrame(), pd.DataFrame(), pd.DataFrame())
     if waits:  # queue waste and half-starts, from the pods (SPEC §10)
         every_pod = reads.read_pods(conn)
@@ -177,8 +179,8 @@ def _read_report(
         by=by.value,
         rows=rows,
         totals=totals(scope),
-        causes=cause_totals(complete_causes(with_platform(scope), causes)),
-        offenders=top_offenders(scope, findings, top=top, causes=causes),
+        causes=cause_totals(split),
+        offenders=top_offenders(scope, findings, top=top, split=split),
         rolled_up_seconds=rolled,
         util_sources={str(k): int(v) for k, v in cards.value_counts().items()},
         nodes=int(scope["node"].nunique()),

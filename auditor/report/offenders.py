@@ -66,13 +66,17 @@ def top_offenders(
     *,
     top: int = 3,
     causes: pd.DataFrame | None = None,
+    split: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
     """The `top` jobs (or nodes, for platform categories) per category, with the next step:
     for `compute_idle` and `unallocated`, the first step of the offender's leading cause
-    (`causes`: the runs' stored cause rows) where a signal named one."""
+    (`causes`: the runs' stored cause rows) where a signal named one. `split`: those rows
+    completed (`complete_causes` of `results`, platform included), where the caller has
+    them already; then `causes` is not read."""
     frame = with_platform(results)
     slow = stragglers(findings)
-    split = complete_causes(frame, causes)
+    if split is None:
+        split = complete_causes(frame, causes)
     rows: list[dict[str, object]] = []
     for cat in OFFENDER_CATEGORIES:
         part = frame[frame["category"] == cat.value]

@@ -80,14 +80,18 @@ def summarise(
     by: GroupBy,
     team: str | None = None,
     causes: pd.DataFrame | None = None,
+    split: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
     """One row per group: GPU-hours per category, waste apart, shares, p10/p50/p90, inferred,
     and the causes inside `compute_idle` and `unallocated` (`auditor.report.causes`) of the
-    stored cause rows `causes` (gpu, pod_uid, category, cause, seconds, signalled_seconds)."""
+    stored cause rows `causes` (gpu, pod_uid, category, cause, seconds, signalled_seconds).
+    `split`: those rows completed (`complete_causes` of the team's results, platform
+    included), where the caller has them already; then `causes` is not read."""
     frame = with_platform(results)
     if team is not None:
         frame = frame[frame["team"] == team]
-    split = complete_causes(frame, causes)
+    if split is None:
+        split = complete_causes(frame, causes)
     if by is GroupBy.GPU:  # a MIG instance is a part of its physical card
         frame = frame.assign(gpu=frame["card"])
         split = split.assign(gpu=split["card"])

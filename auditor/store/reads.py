@@ -12,6 +12,7 @@ from sqlalchemy import Connection, Select, and_, func, select
 from auditor.model import RunSlice, Window
 from auditor.store.hours import parts_condition
 from auditor.store.hours import run_ids as hour_runs
+from auditor.store.keyscan import CardRange, scan_card_ranges
 from auditor.store.schema import (
     audit_findings,
     audit_results,
@@ -145,10 +146,6 @@ def read_samples(
     return df
 
 
-CardRange = tuple[int, int, int]
-"""A GPU id and the time range `[lo, hi)` of its samples to read."""
-
-
 def read_card_samples(
     conn: Connection,
     ranges: Sequence[CardRange],
@@ -158,10 +155,8 @@ def read_card_samples(
 ) -> pd.DataFrame:
     """Samples of each card inside its own range, as `read_samples` returns them, sorted.
 
-    The audit's hot read, through the driver: one key-range scan per card (rows come in
-    key order, and carry no GPU column to convert), each card's rows turned into a structured
-    array in one pass (no Python object per value kept but the throttle text; NULL
-    utilisation arrives as NaN), the GPU column a categorical of UUIDs.
+    The audit's hot read: one key-range scan per card (`keyscan.scan_card_ranges`), the
+    GPU column a categorical of UUIDs.
     With `neighbours` = k, also the card's last k samples before its range and first k
     after it, however far (two index seeks): what the range's edge samples cover, whether
     an outage across the edge is unobserved time of the card, and the card's period (the
@@ -169,32 +164,19 @@ def read_card_samples(
     up to their union). One neighbour a side is not enough: a range inside an outage would
     read only the two samples around it, and their spacing, the outage, as the period.
     """
-    mark = "%s" if conn.dialect.name == "postgresql" else "?"
-    columns = "SELECT ts_ms, util, throttle_reasons, sm_active FROM gpu_samples"
-    query = f"{columns} WHERE gpu_id = {mark} AND ts_ms >= {mark} AND ts_ms < {mark}"
-    before = f"{columns} WHERE gpu_id = {mark} AND ts_ms < {mark} ORDER BY ts_ms DESC LIMIT {mark}"
-    after = f"{columns} WHERE gpu_id = {mark} AND ts_ms >= {mark} ORDER BY ts_ms LIMIT {mark}"
-    parts: list[np.ndarray] = []
-    cards: list[int] = []
-    cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
-    try:
-        for gpu_id, lo, hi in ranges:
-            cur.execute(query, (gpu_id, lo, hi))
-            rows_ = cur.fetchall()  # one card's rows: a driver's fetchall beats its iterator
-            if neighbours:
-                cur.execute(before, (gpu_id, lo, neighbours))
-                first = cur.fetchall()[::-1]
-                cur.execute(after, (gpu_id, hi, neighbours))
-                rows_ = [*first, *rows_, *cur.fetchall()]
-            part = np.fromiter(rows_, dtype=_CARD_ROW, count=len(rows_))
-            if part.size:
-                parts.append(part)
-                cards.append(gpu_id)
-    finally:
-        cur.close()
+    found = scan_card_ranges(
+        conn,
+        "gpu_samples",
+        ("ts_ms", "util", "throttle_reasons", "sm_active"),
+        _CARD_ROW,
+        ranges,
+        neighbours=neighbours,
+    )
+    parts = [rows for _, rows in found]
+    cards = [gpu_id for gpu_id, _ in found]
     sizes = [p.size for p in parts]
     rows = np.concatenate(parts) if parts else np.zeros(0, dtype=_CARD_ROW)
-    del parts
+    del found, parts
     codes = np.repeat(np.arange(len(cards), dtype=np.int64), sizes)
     return pd.DataFrame(
         {

@@ -17,6 +17,7 @@ from sqlalchemy import Connection, and_, bindparam, delete, func, insert, or_, s
 from auditor.classify.causes import CARD_SIGNALS, POD_SIGNALS
 from auditor.model import RunSlice, Window
 from auditor.store.hours import parts_condition
+from auditor.store.keyscan import scan_card_ranges
 from auditor.store.schema import (
     audit_causes,
     audit_runs,
@@ -100,63 +101,94 @@ def write_node_outages(conn: Connection, rows: Sequence[Mapping[str, Any]]) -> i
     return _replace(conn, node_outages, ("node", "reason", "start_ms"), list(rows))
 
 
+_POD_SIGNAL_COLUMNS = ("pod_uid", "source", "ts_ms", *POD_SIGNALS)
+_POD_SIGNAL_ROW = np.dtype(
+    [("pod_uid", object), ("source", object), ("ts_ms", np.int64),
+     *((c, np.float64) for c in POD_SIGNALS)]
+)  # fmt: skip
+
+
 def read_pod_signals(
     conn: Connection, pod_uids: Sequence[str], *, window: Window, margin_ms: int
 ) -> pd.DataFrame:
     """The signal rows of `pod_uids` in `[start - margin, end + margin)`: pod_uid, source,
-    ts_ms and `POD_SIGNALS` (NaN where not recorded)."""
-    cols = ["pod_uid", "source", "ts_ms", *POD_SIGNALS]
-    found: list[Sequence[Any]] = []
+    ts_ms and `POD_SIGNALS` (NaN where not recorded).
+
+    Through the driver, as many pods a statement as `_CHUNK`, each statement's rows turned
+    into an array in one pass (NULL arrives as NaN), as `keyscan` reads cards."""
+    mark = "%s" if conn.dialect.name == "postgresql" else "?"
+    head = f"SELECT {', '.join(_POD_SIGNAL_COLUMNS)} FROM pod_signals"
     uids = sorted(set(pod_uids))
-    for i in range(0, len(uids), _CHUNK):
-        stmt = select(*(pod_signals.c[c] for c in cols)).where(
-            pod_signals.c.pod_uid.in_(uids[i : i + _CHUNK]),
-            pod_signals.c.ts_ms >= window.start_ms - margin_ms,
-            pod_signals.c.ts_ms < window.end_ms + margin_ms,
-        )
-        found += conn.execute(stmt).all()
-    frame = pd.DataFrame([tuple(r) for r in found], columns=cols)
-    return frame.astype({c: np.float64 for c in POD_SIGNALS} | {"ts_ms": np.int64})
+    lo, hi = window.start_ms - margin_ms, window.end_ms + margin_ms
+    parts: list[np.ndarray] = []
+    cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+    try:
+        for i in range(0, len(uids), _CHUNK):
+            some = uids[i : i + _CHUNK]
+            cur.execute(
+                f"{head} WHERE pod_uid IN ({', '.join([mark] * len(some))})"
+                f" AND ts_ms >= {mark} AND ts_ms < {mark}",
+                (*some, lo, hi),
+            )
+            found = cur.fetchall()
+            parts.append(np.fromiter(found, dtype=_POD_SIGNAL_ROW, count=len(found)))
+    finally:
+        cur.close()
+    rows = np.concatenate(parts) if parts else np.zeros(0, dtype=_POD_SIGNAL_ROW)
+    return pd.DataFrame({c: rows[c] for c in _POD_SIGNAL_COLUMNS})
 
 
 _CARD_SIGNAL_ROW = np.dtype([("ts_ms", np.int64), *((c, np.float64) for c in CARD_SIGNALS)])
 
 
 def read_card_signals(
-    conn: Connection, *, window: Window, margin_ms: int, cards: Mapping[int, str] | None = None
+    conn: Connection,
+    *,
+    window: Window,
+    margin_ms: int,
+    cards: Mapping[int, str] | None = None,
+    spans: Mapping[int, Sequence[tuple[int, int]]] | None = None,
 ) -> pd.DataFrame:
     """The card signal rows in `[start - margin, end + margin)` (of `cards` only, GPU id ->
     UUID, when given; else of every card): gpu (the UUID), ts_ms, `CARD_SIGNALS` (NaN where
-    not recorded).
+    not recorded), sorted by card and time.
 
-    Read as the audit reads samples (`reads.read_card_samples`): one key-range scan per card
-    through the driver, each card's rows turned into an array in one pass; a row per card
-    and pass adds up to most of the signals an audit reads."""
+    With `spans` (GPU id -> time spans `[lo, hi)`), only the rows of a card inside its
+    spans, and none of a card without any: the audit reads a card's signals only while a
+    pod held it, since only a held card's idle time is judged on them. Read as the audit
+    reads samples: one key-range scan per card and (merged) span through the driver; a row
+    per card and pass adds up to most of the signals an audit reads."""
     if cards is None:
         uuid_of = {int(i): str(u) for i, u in conn.execute(select(gpus.c.id, gpus.c.uuid))}
     else:
         uuid_of = {int(i): str(u) for i, u in cards.items()}
-    mark = "%s" if conn.dialect.name == "postgresql" else "?"
-    query = (
-        f"SELECT ts_ms, {', '.join(CARD_SIGNALS)} FROM card_signals"
-        f" WHERE gpu_id = {mark} AND ts_ms >= {mark} AND ts_ms < {mark}"
-    )
     lo, hi = window.start_ms - margin_ms, window.end_ms + margin_ms
-    parts: list[np.ndarray] = []
-    names: list[str] = []
-    cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
-    try:
-        for gpu_id in sorted(uuid_of):
-            cur.execute(query, (gpu_id, lo, hi))
-            found = cur.fetchall()
-            if found:
-                parts.append(np.fromiter(found, dtype=_CARD_SIGNAL_ROW, count=len(found)))
-                names.append(uuid_of[gpu_id])
-    finally:
-        cur.close()
+    ranges: list[tuple[int, int, int]] = []
+    for gpu_id in sorted(uuid_of):
+        if spans is None:
+            ranges.append((gpu_id, lo, hi))
+        else:
+            ranges += [(gpu_id, a, b) for a, b in _merged(spans.get(gpu_id, ()), lo=lo, hi=hi)]
+    found = scan_card_ranges(conn, "card_signals", ("ts_ms", *CARD_SIGNALS), _CARD_SIGNAL_ROW,
+                             ranges)  # fmt: skip
+    parts = [rows for _, rows in found]
     rows = np.concatenate(parts) if parts else np.zeros(0, dtype=_CARD_SIGNAL_ROW)
-    gpu = np.repeat(np.array(names, dtype=object), [p.size for p in parts])
+    names = np.array([uuid_of[gpu_id] for gpu_id, _ in found], dtype=object)
+    gpu = np.repeat(names, [p.size for p in parts])
     return pd.DataFrame({"gpu": gpu, "ts_ms": rows["ts_ms"], **{c: rows[c] for c in CARD_SIGNALS}})
+
+
+def _merged(spans: Sequence[tuple[int, int]], *, lo: int, hi: int) -> list[tuple[int, int]]:
+    """`spans` clipped to `[lo, hi)`, sorted, overlapping or touching ones merged."""
+    out: list[tuple[int, int]] = []
+    for a, b in sorted((max(int(a), lo), min(int(b), hi)) for a, b in spans):
+        if a >= b:
+            continue
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
 
 
 def read_node_outages(conn: Connection, *, window: Window) -> pd.DataFrame:

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from auditor.classify import classify
@@ -303,3 +303,43 @@ def test_one_sources_row_never_hides_anothers() -> None:
         thresholds=T,
     )  # fmt: skip
     assert out["cause"].tolist() == ["input_bound"]
+
+
+@settings(max_examples=60, deadline=None)
+@example(mids=[("g1", 5)], rows=[("g1", 2, 5e9)])  # exactly signal_stale_s old: it holds
+@example(mids=[("g1", 5)], rows=[("g1", 4, 5e9), ("g1", 4, 1e9)])  # the last given wins
+@example(mids=[("g1", 5)], rows=[("g1", 4, 1e9), ("g1", 4, NAN)])  # even one without value
+@example(mids=[("g1", 5)], rows=[("g2", 5, 5e9)])  # another card's row never counts
+@given(
+    mids=st.lists(st.tuples(st.sampled_from(["g1", "g2"]), st.integers(-2, 20)), min_size=1,
+                  max_size=12),
+    rows=st.lists(st.tuples(st.sampled_from(["g1", "g2", "g3"]), st.integers(0, 16),
+                            st.one_of(st.just(NAN), st.sampled_from([1e9, 2.4e9, 5e9]))),
+                  max_size=16),
+)  # fmt: skip
+def test_each_piece_is_judged_by_its_cards_last_row_at_or_before_its_midpoint(
+    mids: list[tuple[str, int]], rows: list[tuple[str, int, float]]
+) -> None:
+    """On a 60 s grid, so that rows share instants and lie exactly `signal_stale_s` (180 s)
+    before a midpoint: the row that decides is the card's last at or before the midpoint
+    (of two at one instant, the one given last) if it is at most 180 s older; its PCIe
+    reading then holds (2.4 GB/s is 30 % of the unknown link) or not, and a row whose
+    reading is missing still counts as a signal looked at only if it holds a value."""
+    pieces = pd.DataFrame(
+        [{"gpu": g, "pod_uid": "p1", "start_ms": m * 60_000 - 5_000,
+          "end_ms": m * 60_000 + 5_000, "category": "compute_idle", "seconds": 10.0}
+         for g, m in mids]
+    )  # fmt: skip
+    card = pd.DataFrame(
+        [{"gpu": g, "ts_ms": t * 60_000, "pcie_bytes_s": v} for g, t, v in rows],
+        columns=["gpu", "ts_ms", "pcie_bytes_s"],
+    )
+    out = split_compute_idle(
+        pieces, pod_signals=None, card_signals=card, multi_card_pods=(), thresholds=T
+    )
+    for (g, m), cause, signalled in zip(mids, out["cause"], out["signalled"], strict=True):
+        before = [(t, i) for i, (rg, t, _) in enumerate(rows) if rg == g and t <= m]
+        latest = max(before, default=None)  # the latest instant; of equal ones, the last row
+        value = rows[latest[1]][2] if latest is not None and m - latest[0] <= 3 else NAN
+        assert signalled == (not math.isnan(value))
+        assert cause == ("host_transfer" if value >= 2.4e9 else "unexplained")

@@ -232,3 +232,24 @@ def test_report_by_job_carries_each_jobs_queue_wait_and_the_schedulers_word(
     text = render_table(report)
     assert "Jobs that waited to be scheduled" in text
     assert "Insufficient nvidia.com/gpu" in text
+
+
+def test_a_teams_report_splits_its_own_time_alone(audited: str) -> None:
+    """`report --team vision`: its row, its totals and its offenders carry the team's causes
+    as the whole report has them, and none of the platform's free card."""
+    from auditor.report.render import render_json
+    from auditor.report.summary import GroupBy
+
+    whole = jobs.build_report(audited, start_ms=None, end_ms=None, by=GroupBy.TEAM, team=None)
+    mine = jobs.build_report(audited, start_ms=None, end_ms=None, by=GroupBy.TEAM, team="vision")
+    vision = {r["team"]: r for r in json.loads(render_json(whole))}["vision"]
+    (row,) = json.loads(render_json(mine))
+    assert {c: row[c] for c in CAUSE_COLUMNS} == {c: vision[c] for c in CAUSE_COLUMNS}
+    for c in CAUSE_COLUMNS:
+        if c.endswith("_gpu_hours"):
+            assert mine.causes[c] == pytest.approx(row[c], abs=1e-6)  # JSON keeps 6 places
+    assert mine.causes["unallocated_no_demand_gpu_hours"] == 0.0
+    assert whole.causes["unallocated_no_demand_gpu_hours"] == pytest.approx(0.5, abs=1e-3)
+    offenders = mine.offenders.set_index("category")
+    assert offenders.loc["compute_idle", "next_step"].startswith("host_transfer (54%)")
+    assert "unallocated" not in offenders.index

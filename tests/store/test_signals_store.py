@@ -9,6 +9,7 @@ import pandas as pd
 from sqlalchemy import Engine
 
 from auditor.model import GpuRecord, Window
+from auditor.settings import Thresholds
 from auditor.store.signals import (
     read_card_signals,
     read_causes,
@@ -61,3 +62,70 @@ def test_card_signals_and_outages_read_by_window(engine: Engine) -> None:
     ]
     assert isinstance(causes, pd.DataFrame)
     assert causes.empty
+
+
+def test_card_signals_read_only_inside_each_cards_spans(engine: Engine) -> None:
+    """The audit reads a card's signals only while it was held: rows inside the card's spans
+    (once, where spans overlap), clipped to the window and its margin; none of a card given
+    no span."""
+    with engine.begin() as conn:
+        ids = upsert_gpus(conn, [GpuRecord("GPU-a", "node-a", 0), GpuRecord("GPU-b", "node-a", 1)])
+        a, b = ids["GPU-a"], ids["GPU-b"]
+        write_card_signals(
+            conn,
+            [{"gpu_id": g, "ts_ms": t * 1_000, "pcie_bytes_s": float(t)}
+             for g in (a, b) for t in range(0, 20)],
+        )  # fmt: skip
+    with engine.connect() as conn:
+        got = read_card_signals(
+            conn,
+            window=Window(5_000, 15_000),
+            margin_ms=2_000,
+            cards={a: "GPU-a", b: "GPU-b"},
+            spans={a: [(0, 4_000), (9_000, 11_000), (10_000, 12_000), (12_000, 13_000)]},
+        )
+    assert got["gpu"].tolist() == ["GPU-a"] * 5
+    assert got["ts_ms"].tolist() == [3_000, 9_000, 10_000, 11_000, 12_000]
+
+
+def test_the_audit_judges_idle_time_by_a_card_row_from_before_the_pod_was_bound(
+    db_url: str, engine: Engine
+) -> None:
+    """The audit reads a card's signals only while a pod held it, and `signal_stale_s`
+    before: a pod busy for its first minute, then idle for one, is judged by the card's
+    PCIe row taken a minute before it was bound (its idle midpoint is 150 s later, inside
+    the 180 s a row stands for); the card's rows while it was free are not needed."""
+    from auditor import jobs
+    from auditor.model import GpuSample, PodRecord, WorkloadKind
+    from auditor.store import writes
+
+    t0, bound = 1_795_392_000_000, 1_795_392_000_000 + 600_000
+    ts = range(t0, t0 + 1_800_000, 15_000)
+    with engine.begin() as conn:
+        ids = upsert_gpus(conn, [GpuRecord("GPU-a", "node-a", 0, "NVIDIA H100")])
+        writes.insert_samples(
+            conn,
+            [GpuSample("GPU-a", t, 0.0 if t < bound or bound + 60_000 <= t < bound + 120_000
+                       else 100.0) for t in ts],
+            ids,
+        )  # fmt: skip
+        writes.upsert_pods(
+            conn,
+            [PodRecord(uid="pod-1", namespace="ml", name="train-0", node="node-a",
+                       team="vision", job="Job/train", job_kind="Job",
+                       workload=WorkloadKind.TRAINING, gang="pod-1", gpu_count=1,
+                       bound_ms=bound, finished_ms=t0 + 1_800_000)],
+        )  # fmt: skip
+        writes.upsert_assignments(conn, [("pod-1", ids["GPU-a"], bound)], source="test")
+        write_card_signals(
+            conn,
+            [{"gpu_id": ids["GPU-a"], "ts_ms": bound - 60_000, "pcie_bytes_s": 5e9,
+              "pcie_link_bytes_s": 8e9}],
+        )  # fmt: skip
+    run = jobs.audit(db_url, window=(t0, t0 + 1_800_000), thresholds=Thresholds())
+    with engine.connect() as conn:
+        causes = read_causes(conn, [run.run_id])
+    idle = causes[causes["category"] == "compute_idle"]
+    assert idle[["cause", "seconds"]].to_dict("records") == [
+        {"cause": "host_transfer", "seconds": 60.0}
+    ]

@@ -1,0 +1,56 @@
+"""Per-card key-range scans through the driver: the audit's hot reads.
+
+A table keyed by (gpu_id, ts_ms) is read one card and time range at a time, each an index
+range scan whose rows come in key order and carry no GPU column to convert; each range's
+rows become a structured array in one pass (`np.fromiter`: no Python object per value is
+kept but text, and NULL in a float field arrives as NaN). SQLAlchemy's row objects would
+cost more than the scan itself at a million rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from sqlalchemy import Connection
+
+CardRange = tuple[int, int, int]
+"""A GPU id and the time range `[lo, hi)` of its rows to read."""
+
+
+def scan_card_ranges(
+    conn: Connection,
+    table: str,
+    columns: Sequence[str],
+    row: np.dtype,
+    ranges: Sequence[CardRange],
+    *,
+    neighbours: int = 0,
+) -> list[tuple[int, np.ndarray]]:
+    """(GPU id, rows) per range of `ranges` that holds any, in the order given: `columns`
+    of `table` (the first is `ts_ms`), as arrays of dtype `row`.
+
+    With `neighbours` = k, also the card's last k rows before its range and first k after
+    it, however far (two index seeks). Ranges of one card that overlap read their common
+    rows twice: give them merged."""
+    mark = "%s" if conn.dialect.name == "postgresql" else "?"
+    head = f"SELECT {', '.join(columns)} FROM {table}"
+    query = f"{head} WHERE gpu_id = {mark} AND ts_ms >= {mark} AND ts_ms < {mark}"
+    before = f"{head} WHERE gpu_id = {mark} AND ts_ms < {mark} ORDER BY ts_ms DESC LIMIT {mark}"
+    after = f"{head} WHERE gpu_id = {mark} AND ts_ms >= {mark} ORDER BY ts_ms LIMIT {mark}"
+    parts: list[tuple[int, np.ndarray]] = []
+    cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+    try:
+        for gpu_id, lo, hi in ranges:
+            cur.execute(query, (gpu_id, lo, hi))
+            found = cur.fetchall()  # one range's rows: a driver's fetchall beats its iterator
+            if neighbours:
+                cur.execute(before, (gpu_id, lo, neighbours))
+                first = cur.fetchall()[::-1]
+                cur.execute(after, (gpu_id, hi, neighbours))
+                found = [*first, *found, *cur.fetchall()]
+            if found:
+                parts.append((gpu_id, np.fromiter(found, dtype=row, count=len(found))))
+    finally:
+        cur.close()
+    return parts
