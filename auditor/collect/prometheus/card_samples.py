@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from auditor.collect.prometheus.decode import BOUNDS, COLUMNS, SLOT, reading
+from auditor.collect.prometheus.decode import BOUNDS, COLUMNS, SLOT, Points, reading
 from auditor.model import SAMPLE_FIELDS, GpuSample, Holding
 
 FloatArray = npt.NDArray[np.float64]
@@ -86,14 +86,16 @@ def point_columns(
     """The times (ms, rounded half to even) and values (NaN: not read) of a series' points
     (`decode.matrix` checked their shape), every value checked as `decode.reading` checks it:
     the first bad one is an InputError."""
-    n = len(points)
-    stamps, texts = zip(*points, strict=True)
-    ts = np.array(stamps, dtype=np.float64)
-    ms = np.rint(ts * 1000).astype(np.int64)
+    if isinstance(points, Points):
+        seconds, texts = points.seconds, points.texts
+    else:  # a part of one (the raw points of a chunk)
+        stamps, texts = zip(*points, strict=True)
+        seconds = np.array(stamps, dtype=np.float64)
+    ms = np.rint(seconds * 1000).astype(np.int64)
     try:
-        values = np.fromiter(map(float, texts), np.float64, count=n)
+        values = np.fromiter(map(float, texts), np.float64, count=len(texts))
     except ValueError:  # a text that is no number: checked point by point, in order
-        return ms, _checked(stamps, texts, metric=metric, column=column, labels=labels)
+        return ms, _checked(seconds.tolist(), texts, metric=metric, column=column, labels=labels)
     with np.errstate(invalid="ignore"):
         if column == "throttle_reasons":
             ok = (values >= 0) & (values < 2.0**64) & (values == np.floor(values))
@@ -102,7 +104,7 @@ def point_columns(
             ok = (values >= low) & (values <= high)
     bad = ~ok & ~np.isnan(values)
     for i in np.flatnonzero(bad).tolist():  # raises at the first
-        values[i] = _value(texts[i], stamps[i], metric=metric, column=column, labels=labels)
+        values[i] = _value(texts[i], float(seconds[i]), metric=metric, column=column, labels=labels)
     return ms, values
 
 

@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from auditor import limits
 from auditor.errors import InputError
@@ -73,7 +74,8 @@ def shape(query: str, what: str) -> InputError:
 
 
 Series = tuple[dict[str, str], list[list[Any]]]
-"""A series' labels and its [timestamp, "value"] points, shapes checked."""
+"""A series' labels and its [timestamp, "value"] points, shapes checked (a `Points` where
+`matrix` made it)."""
 
 
 def matrix(answer: Mapping[str, Any], query: str) -> Iterator[Series]:
@@ -102,12 +104,14 @@ def _series(result: list[Any], query: str) -> Iterator[Series]:
         values = item.get("values", [])
         if not isinstance(values, list):
             raise shape(query, f"values {short(values)} are not a list")
-        if not _points_ok(values):
+        points = Points.of(values)
+        if points is None:
             for pair in values:  # the first bad one, named
                 if not _point_ok(pair):
                     raise shape(query, f'a point {short(pair)} is not [timestamp, "value"]')
-        del item
-        yield labels, values
+            raise shape(query, 'a point is not [timestamp, "value"]')  # pragma: no cover
+        del item, values
+        yield labels, points
 
 
 MAX_TIMESTAMP_S = 1e12
@@ -124,21 +128,41 @@ def _point_ok(pair: object) -> bool:
     return type(ts) is float and math.isfinite(ts) and abs(ts) <= MAX_TIMESTAMP_S
 
 
-def _points_ok(values: list[Any]) -> bool:
-    """Whether every point is [timestamp, "value"] (`_point_ok`), checked a column at a time
-    (no Python step per point)."""
-    if not values:
-        return True
-    if set(map(type, values)) != {list} or set(map(len, values)) != {2}:
-        return False
-    stamps, texts = zip(*values, strict=True)
-    if set(map(type, texts)) != {str} or not set(map(type, stamps)) <= {int, float}:
-        return False
-    try:
-        ts = np.array(stamps, dtype=np.float64)
-    except OverflowError:  # an int past float64
-        return False
-    return bool((np.abs(ts) <= MAX_TIMESTAMP_S).all())  # NaN and infinities fail
+class Points(list[Any]):
+    """A series' points as the answer gave them ([timestamp, "value"] lists, every one
+    checked), with their columns: `seconds` (float64) and `texts`, the value texts."""
+
+    __slots__ = ("seconds", "texts")
+    seconds: npt.NDArray[np.float64]
+    texts: tuple[str, ...]
+
+    @classmethod
+    def of(cls, values: list[Any]) -> Points | None:
+        """The points of `values`, checked a column at a time (no Python step per point);
+        None where one is not [timestamp, "value"] (`_point_ok`)."""
+        points = cls(values)
+        if not values:
+            points.seconds, points.texts = np.empty(0, np.float64), ()
+            return points
+        if set(map(type, values)) != {list}:
+            return None
+        try:
+            columns = tuple(zip(*values, strict=True))
+        except ValueError:  # points of different lengths
+            return None
+        if len(columns) != 2:
+            return None
+        stamps, texts = columns
+        if set(map(type, texts)) != {str} or not set(map(type, stamps)) <= {int, float}:
+            return None
+        try:
+            seconds = np.fromiter(stamps, np.float64, len(stamps))
+        except OverflowError:  # an int past float64
+            return None
+        if not (np.abs(seconds) <= MAX_TIMESTAMP_S).all():  # NaN and infinities fail, too
+            return None
+        points.seconds, points.texts = seconds, texts
+        return points
 
 
 def gpu_record(labels: Mapping[str, str], node: str) -> GpuRecord:
