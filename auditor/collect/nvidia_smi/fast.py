@@ -257,11 +257,11 @@ def _fast_numbers(
     digits = (is_digit & ~pad).sum(axis=1)
     if (dots > 1).any() or ((digits == 0) & ~missing).any() or (digits > 15).any():
         raise Slow
-    right = widest - 1 - np.arange(widest)  # places to the right of each position
     dot_at = np.where(dots > 0, widest - 1 - np.argmax(is_dot, axis=1), -1)
     decimals = np.maximum(dot_at, 0)
-    places = right[None, :] - ((right[None, :] > dot_at[:, None]) & (dot_at >= 0)[:, None])
-    mantissa = (np.where(is_dot, 0, digit) * 10**places).sum(axis=1)
+    mantissa = np.zeros(len(start), np.int64)
+    for j in range(widest):  # the digits left to right, the dot skipped: one pass a place
+        mantissa = np.where(is_digit[:, j], mantissa * 10 + digit[:, j], mantissa)
     value: npt.NDArray[np.float64] = mantissa / (10.0**decimals)
     value[missing] = np.nan
     return value
