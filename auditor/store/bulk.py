@@ -283,8 +283,8 @@ def write_columns(conn: Connection, batch: Columns, *, import_id: int | None = N
     PostgreSQL. Returns the rows newly stored."""
     if not len(batch):
         return 0
-    spans, repeats = batch.spans()
     if conn.dialect.name == "postgresql":
+        spans, repeats = batch.spans()
         payload = batch.in_key_order().pg_binary(import_id)
         return _pg_write(
             conn, payload, len(batch), spans=spans, repeats=repeats, import_id=import_id
