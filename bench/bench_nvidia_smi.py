@@ -1,16 +1,20 @@
 """nvidia-smi CSV import speed, on SQLite and PostgreSQL: parse, end to end, bulk baseline.
 
     .venv/bin/python bench/bench_nvidia_smi.py [--cards 1000] [--rows 10000]
-        [--databases sqlite,postgresql] [--cli-rows 70000]
+        [--databases sqlite,postgresql] [--cli-rows 70000] [--repeat 3]
 
 Writes one nvidia-smi log of CARDS x ROWS samples (`--query-gpu=timestamp,name,uuid,index,
 utilization.gpu,memory.used,memory.total,power.draw,temperature.gpu,clocks.sm`, with units,
 every card every 5 s), then for each database, in one run:
 - parse: `read_nvidia_smi_blocks` over the file, blocks dropped: parsing alone;
-- import: `jobs.import_nvidia_smi` into a fresh migrated store: end to end, one transaction;
+- import: `jobs.import_nvidia_smi` into a fresh migrated store: end to end, one transaction
+  (`--repeat` times, alternating with the keyed floor; the best of each is printed);
 - baseline: the same rows, prepared beforehand as the store's input (`bulk.Columns`), by
   `bulk.write_columns` into another fresh store: what the store alone costs, against which
   the import's throughput is a ratio; and as tuples by `bulk.write_rows` (the generic path);
+- keyed floor (SQLite): the same rows as plain tuples (GPU id, time and the log's values),
+  one plain `sqlite3` `executemany` per block into a table keyed (GPU, time) `WITHOUT
+  ROWID`, one transaction, the store's journal settings: what any importer pays SQLite;
 - cli: `auditor import nvidia-smi` of a CLI_ROWS-row file as a subprocess (a fresh process of
   this tree's code, SQLite): wall time including process start.
 PostgreSQL is a throwaway server started as the tests start theirs. Prints figures and ratios
@@ -68,13 +72,21 @@ def parse_only(path: Path) -> float:
     return time.perf_counter() - started
 
 
+CPU: list[float] = []
+"""The CPU seconds (this process, all threads) of each `end_to_end` and `keyed_floor`, in
+the order run: less swayed than wall time by other work on a shared machine."""
+
+
 def end_to_end(url: str, path: Path) -> float:
     from auditor import jobs
 
+    cpu = time.process_time()
     started = time.perf_counter()
     stats = jobs.import_nvidia_smi(url, path, node="bench")
     assert stats.already == 0
-    return time.perf_counter() - started
+    seconds = time.perf_counter() - started
+    CPU.append(time.process_time() - cpu)
+    return seconds
 
 
 def baseline(url: str, path: Path, *, tuples: bool = False) -> float:
@@ -108,6 +120,47 @@ def baseline(url: str, path: Path, *, tuples: bool = False) -> float:
     return seconds
 
 
+def keyed_floor(path: Path, log: Path) -> float:
+    """A plain executemany of the log's rows into a (gpu_id, ts_ms)-keyed WITHOUT ROWID
+    table: rows prepared first as tuples, only the inserts and the commit timed."""
+    import sqlite3
+
+    import numpy as np
+
+    from auditor.collect.nvidia_smi import read_nvidia_smi_blocks
+
+    ids: dict[str, int] = {}
+    blocks: list[list[tuple[object, ...]]] = []
+    names: list[str] = []
+    for block in read_nvidia_smi_blocks(log, node="bench"):
+        for r in block.records:
+            ids.setdefault(r.uuid, len(ids) + 1)
+        gpu_of = np.array([ids[r.uuid] for r in block.records], np.int64)
+        names = [n for n in block.columns if block.columns[n].dtype.kind == "f"]
+        columns = [gpu_of[block.which].tolist(), block.ts_ms.tolist()]
+        columns += [block.columns[n].tolist() for n in names]
+        blocks.append(list(zip(*columns, strict=True)))
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=NORMAL")
+    fields = ", ".join(f"{n} FLOAT" for n in names)
+    db.execute(
+        f"CREATE TABLE samples (gpu_id INTEGER NOT NULL, ts_ms BIGINT NOT NULL, {fields}, "
+        "PRIMARY KEY (gpu_id, ts_ms)) WITHOUT ROWID"
+    )
+    insert = f"INSERT INTO samples VALUES ({', '.join('?' * (2 + len(names)))})"
+    cpu = time.process_time()
+    started = time.perf_counter()
+    db.execute("BEGIN")
+    for rows in blocks:
+        db.executemany(insert, rows)
+    db.execute("COMMIT")
+    seconds = time.perf_counter() - started
+    CPU.append(time.process_time() - cpu)
+    db.close()
+    return seconds
+
+
 def cli_wall(tmp: Path, rows: int) -> float:
     path = tmp / "node-cli.csv"
     write_log(path, cards=8, rows=rows // 8)
@@ -137,6 +190,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=10_000)
     parser.add_argument("--databases", default="sqlite,postgresql")
     parser.add_argument("--cli-rows", type=int, default=70_000)
+    parser.add_argument("--repeat", type=int, default=3, help="imports and floors; best of each")
     args = parser.parse_args()
     databases = args.databases.split(",")
     with tempfile.TemporaryDirectory() as tmp_name:
@@ -150,7 +204,13 @@ def main() -> None:
         print(f"parse:    {parse_s:6.1f} s  {n / parse_s:,.0f} samples/s")
         with stores(tmp, databases) as urls:
             for name in databases:
-                import_s = end_to_end(urls[name](f"import_{name}"), log)
+                imports, floors = [], []
+                CPU.clear()
+                for run in range(args.repeat):  # alternating, best of each: a shared machine
+                    imports.append(end_to_end(urls[name](f"import_{name}_{run}"), log))
+                    if name == "sqlite":
+                        floors.append(keyed_floor(tmp / f"floor-{run}.db", log))
+                import_s = min(imports)
                 base_s = baseline(urls[name](f"base_{name}"), log)
                 rows_s = baseline(urls[name](f"rows_{name}"), log, tuples=True)
                 print(f"\n{name}:")
@@ -159,6 +219,17 @@ def main() -> None:
                 print(f"  baseline: {base_s:6.1f} s  {n / base_s:,.0f} samples/s write_columns")
                 print(f"  tuples:   {rows_s:6.1f} s  {n / rows_s:,.0f} samples/s write_rows")
                 print(f"  import / baseline throughput: {base_s / import_s:.0%}")
+                if floors:
+                    floor_s = min(floors)
+                    print(f"  floor:    {floor_s:6.1f} s  {n / floor_s:,.0f} samples/s plain "
+                          "executemany, keyed WITHOUT ROWID")  # fmt: skip
+                    print(f"  import / keyed floor throughput: {floor_s / import_s:.0%} "
+                          f"(imports {', '.join(f'{x:.2f}' for x in imports)} s; floors "
+                          f"{', '.join(f'{x:.2f}' for x in floors)} s; best of each)")  # fmt: skip
+                    cpu_import, cpu_floor = min(CPU[0::2]), min(CPU[1::2])
+                    print(f"  CPU seconds: import {cpu_import:.2f}, floor {cpu_floor:.2f}: "
+                          f"import / keyed floor {cpu_floor / cpu_import:.0%} (best of each)"
+                          )  # fmt: skip
         walls = ", ".join(f"{w:.2f}" for w in cli_walls(tmp, args.cli_rows))
         print(f"\ncli: auditor import nvidia-smi of {args.cli_rows:,} rows: {walls} s wall")
 

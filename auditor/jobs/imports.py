@@ -24,7 +24,8 @@ if TYPE_CHECKING:
     from sqlalchemy import Connection
 
     from auditor.collect.nvidia_smi import SampleBlock
-    from auditor.collect.prometheus import Auth, PrometheusClient, SignalStats
+    from auditor.collect.prometheus import Auth, CardSamples, PrometheusClient, SignalStats
+    from auditor.store.bulk import Columns
 
 FUTURE_MARGIN_S = 86_400
 """How far past this machine's clock a sample may be dated (clocks of nodes and laptops
@@ -308,10 +309,11 @@ def import_prometheus(
     from auditor.model import GpuRecord
     from auditor.redact import redact
     from auditor.store import ledger
+    from auditor.store.bulk import write_columns
     from auditor.store.sample_sink import resolve_holdings
     from auditor.store.schema import gpus
     from auditor.store.signals import pods_in_window
-    from auditor.store.writes import insert_samples, upsert_assignments, upsert_gpus
+    from auditor.store.writes import upsert_assignments, upsert_gpus
 
     started = time.perf_counter()
     start_ms, end_ms = window
@@ -372,10 +374,11 @@ def import_prometheus(
             if new:
                 ids.update(upsert_gpus(conn, new))
                 known.update((g.uuid, g) for g in new)
-            for batch in batched(iter(chunk.samples), BATCH_ROWS):
-                samples += insert_samples(conn, batch, ids, import_id=import_id)
+            batch = _chunk_columns(chunk.cards, ids)
+            if len(batch):  # one bulk write of the chunk's columns
+                samples += write_columns(conn, batch, import_id=import_id)
                 offered += len(batch)
-                lo, hi = min(s.ts_ms for s in batch), max(s.ts_ms for s in batch)
+                lo, hi = int(batch.ts_ms.min()), int(batch.ts_ms.max())
                 span = (lo, hi) if span is None else (min(span[0], lo), max(span[1], hi))
             seen, left = resolve_holdings(conn, chunk.holdings, ids, slack_ms=step_ms)
             upsert_assignments(conn, seen, source="dcgm-exporter")
@@ -422,6 +425,23 @@ def import_prometheus(
         signals_bad=dict(sorted(signal_stats.bad.items())),
         import_id=import_id,
     )
+
+
+def _chunk_columns(cards: Sequence[CardSamples], ids: Mapping[str, int]) -> Columns:
+    """The samples of a chunk's cards as one batch of columns (their stored GPU ids)."""
+    import numpy as np
+
+    from auditor.model import SAMPLE_FIELDS
+    from auditor.store.bulk import Columns
+
+    if not cards:
+        empty = np.empty(0, np.int64)
+        return Columns(empty, empty, {})
+    sizes = [len(c) for c in cards]
+    gpu_id = np.repeat(np.array([ids[c.uuid] for c in cards], np.int64), sizes)
+    ts_ms = np.concatenate([c.ts_ms for c in cards])
+    values = {name: np.concatenate([c.values[name] for c in cards]) for name in SAMPLE_FIELDS}
+    return Columns(gpu_id, ts_ms, values)
 
 
 def _import_signals(

@@ -9,7 +9,10 @@ the general path: `COPY` into a session-temporary staging table and one
 feed, so costs one `COPY` into the indexed table; a replay costs the merge.
 
 SQLite: one `executemany` of `INSERT OR IGNORE` in the caller's transaction; the table is
-`WITHOUT ROWID`, clustered on its key, so the insert maintains one B-tree, not two.
+`WITHOUT ROWID`, clustered on its key, so the insert maintains one B-tree, not two. A batch
+held column by column binds only the columns some row of it has a value in (the others are
+NULL by default): each parameter bound costs about as much as the row's insert itself, and
+an exporter or a log rarely has every column.
 
 An import passes its ledger id (`import_id`, `auditor.store.ledger`): every row it stores
 carries it, as a constant of the statement on SQLite and one fixed field of each binary
@@ -136,11 +139,26 @@ class Columns:
             self.gpu_id[order], self.ts_ms[order], {k: v[order] for k, v in self.values.items()}
         )
 
-    def rows(self) -> Iterable[Row]:
-        """The rows as tuples in `ROW_COLUMNS` order, NULL as None (SQLite's parameters)."""
+    def present(self) -> tuple[str, ...]:
+        """The `SAMPLE_COLUMNS` with a value in some row of the batch, in their order."""
+        out = []
+        for name in SAMPLE_COLUMNS:
+            value = self.values.get(name)
+            if value is None:
+                continue
+            if value.dtype.kind == "f":
+                if not np.isnan(value).all():
+                    out.append(name)
+            elif any(v is not None for v in value.tolist()):
+                out.append(name)
+        return tuple(out)
+
+    def rows(self, names: Sequence[str] = SAMPLE_COLUMNS) -> Iterable[Row]:
+        """The rows as tuples of gpu_id, ts_ms and the columns `names` (default all of
+        `SAMPLE_COLUMNS`, the `ROW_COLUMNS` order), NULL as None (SQLite's parameters)."""
         n = len(self)
         columns: list[Iterable[Any]] = [self.gpu_id.tolist(), self.ts_ms.tolist()]
-        for name in SAMPLE_COLUMNS:
+        for name in names:
             value = self.values.get(name)
             if value is None:
                 columns.append(itertools.repeat(None, n))
@@ -265,13 +283,14 @@ def write_columns(conn: Connection, batch: Columns, *, import_id: int | None = N
     PostgreSQL. Returns the rows newly stored."""
     if not len(batch):
         return 0
-    spans, repeats = batch.spans()
     if conn.dialect.name == "postgresql":
+        spans, repeats = batch.spans()
         payload = batch.in_key_order().pg_binary(import_id)
         return _pg_write(
             conn, payload, len(batch), spans=spans, repeats=repeats, import_id=import_id
         )
-    return _sqlite_write(conn, batch.rows(), import_id)
+    names = batch.present()  # a column NULL in every row is left to its default, NULL:
+    return _sqlite_write(conn, batch.rows(names), import_id, names)  # fewer parameters bound
 
 
 _Payload = Sequence[Row] | bytes
@@ -303,15 +322,23 @@ def _columns(import_id: int | None) -> str:
     return _COLS if import_id is None else f"{_COLS}, {_TAG}"
 
 
-def _sqlite_write(conn: Connection, rows: Iterable[Row], import_id: int | None) -> int:
+def _sqlite_write(
+    conn: Connection,
+    rows: Iterable[Row],
+    import_id: int | None,
+    names: Sequence[str] = SAMPLE_COLUMNS,
+) -> int:
+    """`rows`: gpu_id, ts_ms and the columns `names`; the others are NULL."""
     raw = conn.connection.driver_connection
-    marks = ", ".join("?" * len(ROW_COLUMNS))
+    columns = ["gpu_id", "ts_ms", *names]
+    marks = ", ".join("?" * len(columns))
     if import_id is not None:  # a constant of the statement: nothing added per row
+        columns.append(_TAG)
         marks += f", {int(import_id)}"
     cursor = raw.cursor()  # type: ignore[union-attr]
     try:
         cursor.executemany(
-            f"INSERT OR IGNORE INTO gpu_samples ({_columns(import_id)}) VALUES ({marks})", rows
+            f"INSERT OR IGNORE INTO gpu_samples ({', '.join(columns)}) VALUES ({marks})", rows
         )
         stored = int(cursor.rowcount)  # executemany: the sum over the rows
     finally:

@@ -244,24 +244,26 @@ def _fast_numbers(
         raise Slow
     if widest == 0:
         return np.full(len(start), np.nan)
-    # right-aligned: positions before the cell are leading zeros, which change nothing
-    at = end[:, None] - widest + np.arange(widest)
-    pad = at < (end - width)[:, None]
-    chars = np.where(pad, 48, buf[np.maximum(at, 0)])
+    # right-aligned, one row per place (each place's characters contiguous): places
+    # before the cell are leading zeros, which change nothing
+    at = end[None, :] - widest + np.arange(widest)[:, None]
+    pad = at < (end - width)[None, :]
+    chars = buf[np.maximum(at, 0)]
+    chars[pad] = 48
+    digit = chars - np.uint8(48)  # below '0' wraps past 9
+    is_digit = digit <= 9
     is_dot = chars == 46
-    digit = chars.astype(np.int64) - 48
-    is_digit = (digit >= 0) & (digit <= 9)
     if not (is_digit | is_dot).all():
         raise Slow
-    dots = is_dot.sum(axis=1)
-    digits = (is_digit & ~pad).sum(axis=1)
+    dots = is_dot.sum(axis=0)
+    digits = width - dots  # every character of a cell is a digit or a dot
     if (dots > 1).any() or ((digits == 0) & ~missing).any() or (digits > 15).any():
         raise Slow
-    right = widest - 1 - np.arange(widest)  # places to the right of each position
-    dot_at = np.where(dots > 0, widest - 1 - np.argmax(is_dot, axis=1), -1)
+    dot_at = np.where(dots > 0, widest - 1 - np.argmax(is_dot, axis=0), -1)
     decimals = np.maximum(dot_at, 0)
-    places = right[None, :] - ((right[None, :] > dot_at[:, None]) & (dot_at >= 0)[:, None])
-    mantissa = (np.where(is_dot, 0, digit) * 10**places).sum(axis=1)
+    mantissa = np.zeros(len(start), np.int64)
+    for j in range(widest):  # the digits left to right, the dot skipped: one pass a place
+        mantissa = np.where(is_digit[j], mantissa * 10 + digit[j], mantissa)
     value: npt.NDArray[np.float64] = mantissa / (10.0**decimals)
     value[missing] = np.nan
     return value

@@ -2,7 +2,8 @@
 
 Each metric is read over the window on a `step` grid (dcgm-exporter's scrape interval), in
 chunks of at most `max_points` points per series (Prometheus refuses more than 11,000), and
-the series of one GPU are joined by timestamp into `GpuSample`s.
+the series of one GPU are joined by timestamp into its sample columns (`CardSamples`: numpy
+arrays, no Python object per point).
 
 Labels are dcgm-exporter's: `UUID` (with `GPU_I_ID` for a MIG instance, which becomes the
 GPU `UUID/gi<ID>` with the card as its parent and `GPU_I_PROFILE` as its MIG profile, SPEC
@@ -19,7 +20,8 @@ that is never logged; the URL requested and printed has no userinfo.
 
 This package's entry is `read_chunk` (here); the parts are its modules: `query_plan` (the
 chunks of a window, the limits of a query), `auth` and `client` (credentials, HTTP),
-`decode` (answers into samples, values checked), `raw` (raw points of range selectors for
+`decode` (answers checked, values checked), `card_samples` (a chunk's points into
+per-card sample columns and holdings), `raw` (raw points of range selectors for
 the audit from the store, in chunks within the store's limits), `node_resolver` (which node a series
 names), `signals` (SPEC §10's cAdvisor and PCIe/NVLink signals, bad points counted and
 skipped). Callers import every name from `auditor.collect.prometheus`.
@@ -37,20 +39,23 @@ from auditor.collect.prometheus.auth import (
     credentials,
     split_userinfo,
 )
+from auditor.collect.prometheus.card_samples import (
+    CardSamples,
+    Piece,
+    assemble,
+    holdings_of,
+    point_columns,
+)
 from auditor.collect.prometheus.client import PrometheusClient, QueryRefused
 from auditor.collect.prometheus.decode import (
     BOUNDS,
-    COLUMNS,
     GPU_UTIL,
     GR_ENGINE,
     METRICS,
     SLOT,
     Series,
     gpu_record,
-    reading,
-    sample_of,
     short,
-    spans,
 )
 from auditor.collect.prometheus.node_resolver import (
     HOSTNAME_CAVEAT,
@@ -105,6 +110,7 @@ __all__ = [
     "TOKEN_ENV",
     "Auth",
     "CardColumns",
+    "CardSamples",
     "CardSignalRow",
     "ChunkResult",
     "Fetch",
@@ -125,7 +131,6 @@ __all__ = [
     "read_cards",
     "read_chunk",
     "read_dcgm_traffic_chunk",
-    "spans",
     "split_userinfo",
 ]
 
@@ -135,11 +140,17 @@ class ChunkResult:
     """What one chunk of the window held."""
 
     gpus: dict[str, GpuRecord] = field(default_factory=dict)
-    samples: list[GpuSample] = field(default_factory=list)
+    cards: list[CardSamples] = field(default_factory=list)
+    """Each card's samples column by column, in UUID order."""
     holdings: list[Holding] = field(default_factory=list)
     node_sources: dict[str, str] = field(default_factory=dict)
     """GPU UUID -> where its node came from: `label NAME`, `kube_pod_info`, `Hostname`,
     `instance`."""
+
+    @property
+    def samples(self) -> list[GpuSample]:
+        """The samples as objects, card by card in UUID order, each card's by time."""
+        return [s for card in self.cards for s in card.samples()]
 
 
 Fetch = Callable[[str], Iterable[Series]]
@@ -157,8 +168,8 @@ def read_chunk(
     fetch: Fetch | None = None,
     metrics: Iterable[str] | None = None,
 ) -> ChunkResult:
-    """Every dcgm-exporter metric over one chunk, joined per GPU and timestamp (one row of
-    slots per GPU and time, filled metric by metric: a chunk's memory is its samples).
+    """Every dcgm-exporter metric over one chunk, joined per GPU and timestamp (each series
+    two numpy arrays, aligned per GPU once all are read: a chunk's memory is its points).
 
     The node of each GPU comes from `resolver` (a new one with the default labels unless
     given; pass one across chunks to keep what it learnt). A card whose only evidence is
@@ -185,10 +196,9 @@ def read_chunk(
             )
 
     wanted = set(METRICS) if metrics is None else set(metrics)
-    rows: dict[str, dict[int, list[float | None]]] = {}
-    held: dict[tuple[str, int], tuple[str, str]] = {}
+    pieces: dict[str, list[Piece]] = {}
+    holders: dict[tuple[str, str], int] = {}
     out = ChunkResult()
-    width = len(COLUMNS)
     # (UUID, Hostname or instance, which) of series no node label names -> first, last ms
     unnamed: dict[tuple[str, str, str], tuple[int, int]] = {}
     named: dict[str, tuple[str, str]] = {}  # UUID -> (node, source), first series that said
@@ -197,7 +207,6 @@ def read_chunk(
             continue
         series = fetch(metric)
         slot = SLOT[column]
-        low, high = BOUNDS.get(column, (0.0, 0.0))  # throttle reasons: always checked in full
         for labels, points in series:
             uuid_label = labels.get("UUID")
             host = labels.get("Hostname") or labels.get("instance")
@@ -215,23 +224,10 @@ def read_chunk(
                 seen = unnamed.get(key)
                 unnamed[key] = (lo, hi) if seen is None else (min(lo, seen[0]), max(hi, seen[1]))
                 out.gpus.setdefault(uuid, gpu)
-            times = rows.setdefault(uuid, {})
             pod, namespace = labels.get("pod"), labels.get("namespace")
-            holder = (namespace, pod) if pod and namespace else None
-            for ts, text in points:
-                ms = round(ts * 1000)
-                row = times.get(ms)
-                if row is None:
-                    row = times[ms] = [None] * width
-                try:
-                    value: float | None = float(text)
-                except ValueError:
-                    value = None
-                if value is None or not low <= value <= high:  # NaN, too: not read, or bad
-                    value = reading(text, metric=metric, column=column, labels=labels, ts=ts)
-                row[slot] = value
-                if holder is not None:
-                    held[(uuid, ms)] = holder
+            holder = holders.setdefault((namespace, pod), len(holders)) if pod and namespace else -1
+            ms, values = point_columns(points, metric=metric, column=column, labels=labels)
+            pieces.setdefault(uuid, []).append(Piece(slot, ms, values, holder))
     hosts = {h for _, h, which in unnamed if which == "Hostname"}
     if hosts:
         resolver.learn(client, hosts, first_ms=first_ms, last_ms=last_ms, step_ms=step_ms)
@@ -258,25 +254,21 @@ def read_chunk(
             named[uuid] = resolver.fallback(uuid, host, which)
     for uuid, found in named.items():
         resolver.chosen.setdefault(uuid, found)
-    for uuid in sorted(rows):
-        times = rows.pop(uuid)
+    for uuid in sorted(pieces):
+        card = assemble(uuid, pieces.pop(uuid))
+        out.cards.append(card)
         node, source = named[uuid]
         gpu = replace(out.gpus[uuid], node=node)
         out.node_sources[uuid] = source
-        from_util = from_engine = 0
-        for ms in sorted(times):
-            sample, engine = sample_of(uuid, ms, times.pop(ms))
-            out.samples.append(sample)
-            if sample.util is not None:
-                from_engine += engine
-                from_util += not engine
-            if sample.memory_total_mib is not None and gpu.memory_total_mib is None:
-                gpu = replace(gpu, memory_total_mib=sample.memory_total_mib)
-        if from_util or from_engine:
-            gpu = replace(gpu, util_source=GR_ENGINE if from_engine > from_util else GPU_UTIL)
+        total = card.memory_total_mib()
+        if total is not None and gpu.memory_total_mib is None:
+            gpu = replace(gpu, memory_total_mib=total)
+        if card.from_util or card.from_engine:
+            engine = card.from_engine > card.from_util
+            gpu = replace(gpu, util_source=GR_ENGINE if engine else GPU_UTIL)
         out.gpus[uuid] = gpu
     for gpu in list(out.gpus.values()):  # a MIG instance's physical card: its uncarved slices
         if gpu.parent_uuid is not None and gpu.parent_uuid not in out.gpus:
             out.gpus[gpu.parent_uuid] = GpuRecord(gpu.parent_uuid, gpu.node, None, gpu.model)
-    out.holdings = spans(held, step_ms=step_ms)
+    out.holdings = holdings_of(out.cards, list(holders), step_ms=step_ms)
     return out

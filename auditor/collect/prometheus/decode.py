@@ -3,13 +3,13 @@
 The answer's envelope and each series are checked for shape as they are reached (`matrix`;
 the JSON of a series is freed once read), and every value must be one a GPU can report
 (`BOUNDS`, `reading`); anything else is a one-line InputError, and the import stores
-nothing. `METRICS` names the series read and the `GpuSample` field each fills: one row of
-`COLUMNS` per GPU and time, made a sample by `sample_of`.
+nothing. `METRICS` names the series read and the `GpuSample` field each fills (`COLUMNS`,
+their slots; `card_samples` aligns them per card and time).
 
 Labels are dcgm-exporter's: `UUID` (with `GPU_I_ID` for a MIG instance, which becomes the
 GPU `UUID/gi<ID>` with the card as its parent and `GPU_I_PROFILE` as its MIG profile, SPEC
 §7), `gpu` as the index, `modelName`; and `namespace`, `pod` of the pod holding the card,
-an exact GPU -> pod mapping, made holdings by `spans`.
+an exact GPU -> pod mapping (`card_samples.holdings_of` makes them holdings).
 """
 
 from __future__ import annotations
@@ -19,9 +19,12 @@ from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
 from auditor import limits
 from auditor.errors import InputError
-from auditor.model import GpuRecord, GpuSample, Holding
+from auditor.model import GpuRecord
 from auditor.redact import redact
 
 METRICS: Mapping[str, str] = {
@@ -71,7 +74,8 @@ def shape(query: str, what: str) -> InputError:
 
 
 Series = tuple[dict[str, str], list[list[Any]]]
-"""A series' labels and its [timestamp, "value"] points, shapes checked."""
+"""A series' labels and its [timestamp, "value"] points, shapes checked (a `Points` where
+`matrix` made it)."""
 
 
 def matrix(answer: Mapping[str, Any], query: str) -> Iterator[Series]:
@@ -100,16 +104,65 @@ def _series(result: list[Any], query: str) -> Iterator[Series]:
         values = item.get("values", [])
         if not isinstance(values, list):
             raise shape(query, f"values {short(values)} are not a list")
-        for pair in values:
-            if not (
-                type(pair) is list
-                and len(pair) == 2
-                and type(pair[1]) is str
-                and (type(pair[0]) is int or (type(pair[0]) is float and math.isfinite(pair[0])))
-            ):
-                raise shape(query, f'a point {short(pair)} is not [timestamp, "value"]')
-        del item
-        yield labels, values
+        points = Points.of(values)
+        if points is None:
+            for pair in values:  # the first bad one, named
+                if not _point_ok(pair):
+                    raise shape(query, f'a point {short(pair)} is not [timestamp, "value"]')
+            raise shape(query, 'a point is not [timestamp, "value"]')  # pragma: no cover
+        del item, values
+        yield labels, points
+
+
+MAX_TIMESTAMP_S = 1e12
+"""Largest timestamp (seconds, either sign) a point may have: about the year 33,658, well
+inside what float64 milliseconds hold exactly."""
+
+
+def _point_ok(pair: object) -> bool:
+    if not (type(pair) is list and len(pair) == 2 and type(pair[1]) is str):
+        return False
+    ts = pair[0]
+    if type(ts) is int:
+        return abs(ts) <= MAX_TIMESTAMP_S
+    return type(ts) is float and math.isfinite(ts) and abs(ts) <= MAX_TIMESTAMP_S
+
+
+class Points(list[Any]):
+    """A series' points as the answer gave them ([timestamp, "value"] lists, every one
+    checked), with their columns: `seconds` (float64) and `texts`, the value texts."""
+
+    __slots__ = ("seconds", "texts")
+    seconds: npt.NDArray[np.float64]
+    texts: tuple[str, ...]
+
+    @classmethod
+    def of(cls, values: list[Any]) -> Points | None:
+        """The points of `values`, checked a column at a time (no Python step per point);
+        None where one is not [timestamp, "value"] (`_point_ok`)."""
+        points = cls(values)
+        if not values:
+            points.seconds, points.texts = np.empty(0, np.float64), ()
+            return points
+        if set(map(type, values)) != {list}:
+            return None
+        try:
+            columns = tuple(zip(*values, strict=True))
+        except ValueError:  # points of different lengths
+            return None
+        if len(columns) != 2:
+            return None
+        stamps, texts = columns
+        if set(map(type, texts)) != {str} or not set(map(type, stamps)) <= {int, float}:
+            return None
+        try:
+            seconds = np.fromiter(stamps, np.float64, len(stamps))
+        except OverflowError:  # an int past float64
+            return None
+        if not (np.abs(seconds) <= MAX_TIMESTAMP_S).all():  # NaN and infinities fail, too
+            return None
+        points.seconds, points.texts = seconds, texts
+        return points
 
 
 def gpu_record(labels: Mapping[str, str], node: str) -> GpuRecord:
@@ -177,46 +230,3 @@ def _out_of_bounds(column: str, value: float) -> str:
 
 COLUMNS = tuple(dict.fromkeys(METRICS.values()))
 SLOT = {c: i for i, c in enumerate(COLUMNS)}
-
-
-def sample_of(uuid: str, ms: int, row: list[float | None]) -> tuple[GpuSample, bool]:
-    """The sample of one row, and whether its utilisation is GR_ENGINE_ACTIVE x 100 (no
-    GPU_UTIL at that time). The memory total is used + free, so used never exceeds it (a
-    negative FB_FREE is refused by `BOUNDS`)."""
-    v = dict(zip(COLUMNS, row, strict=True))
-    used, free = v["memory_used_mib"], v["memory_free_mib"]
-    throttle = v["throttle_reasons"]
-    util, engine = v["util"], v["gr_engine_active"]
-    from_engine = util is None and engine is not None
-    if engine is not None and util is None:
-        util = round(engine * 100.0, 6)  # 0.07 x 100 is 7.000000000000001
-    sample = GpuSample(
-        uuid,
-        ms,
-        util,
-        used,
-        used + free if used is not None and free is not None else None,
-        v["power_w"],
-        v["sm_clock_mhz"],
-        None if throttle is None else f"0x{int(throttle):016x}",
-        v["temperature_c"],
-        v["sm_active"],
-        v["tensor_active"],
-        v["dram_active"],
-    )
-    return sample, from_engine
-
-
-def spans(held: Mapping[tuple[str, int], tuple[str, str]], *, step_ms: int) -> list[Holding]:
-    """Consecutive grid points of one GPU held by one pod, as one holding each."""
-    result: list[Holding] = []
-    current: dict[str, Holding] = {}
-    for (uuid, ts), (namespace, pod) in sorted(held.items()):
-        h = current.get(uuid)
-        if h is not None and (h.namespace, h.pod) == (namespace, pod) and ts - h.last_ms <= step_ms:
-            current[uuid] = Holding(namespace, pod, uuid, h.first_ms, ts)
-            continue
-        if h is not None:
-            result.append(h)
-        current[uuid] = Holding(namespace, pod, uuid, ts, ts)
-    return result + list(current.values())
