@@ -35,6 +35,7 @@ from auditor.jobs.audit import (
     _audit,
 )
 from auditor.jobs.common import open_store
+from auditor.jobs.imports import store_query_options
 from auditor.model import Window
 from auditor.settings import Thresholds
 
@@ -91,7 +92,6 @@ def audit_from_store(
     `chunk_s`: the time one query covers, where given (else from `points`); `auth`,
     `timeout_s`, `node_labels`, `nodes`: as `import_prometheus` takes them."""
     from auditor.collect.prometheus import (
-        NODE_LABELS,
         POINT_BUDGET,
         PrometheusClient,
         RawSource,
@@ -101,20 +101,13 @@ def audit_from_store(
     start_ms, end_ms = window
     if end_ms <= start_ms:
         raise InputError("the audit window ends before it starts", field="--end")
-    if step_s <= 0:
-        raise InputError("the step must be positive", field="--step")
-    if timeout_s <= 0:
-        raise InputError("the timeout must be positive", field="--timeout")
+    labels, given = store_query_options(
+        step_s=step_s, timeout_s=timeout_s, node_labels=node_labels, nodes=nodes
+    )
     if points is not None and points < 1:
         raise InputError("the points per query must be at least 1", field="--store-points")
     if chunk_s is not None and chunk_s < step_s:
         raise InputError("a query's chunk must be at least one --step", field="--store-chunk")
-    labels = tuple(node_labels) if node_labels is not None else NODE_LABELS
-    if not labels or not all(labels):
-        raise InputError("a node label name cannot be empty", field="--node-label")
-    given = dict(nodes or {})
-    if not all(given) or not all(given.values()):
-        raise InputError("--node takes HOSTNAME=NODE or UUID=NODE", field="--node")
     step_ms = round(step_s * 1000)
     client = PrometheusClient(samples_from, auth=auth, timeout_s=timeout_s)
     source = RawSource(

@@ -272,6 +272,30 @@ class PrometheusImportStats:
     """The import's id in the ledger (`auditor import list|undo`)."""
 
 
+def store_query_options(
+    *,
+    step_s: float,
+    timeout_s: float,
+    node_labels: Sequence[str] | None,
+    nodes: Mapping[str, str] | None,
+) -> tuple[tuple[str, ...], dict[str, str]]:
+    """The options every read of a metrics store takes, checked (one-line errors naming the
+    flag): the node labels to try (default `NODE_LABELS`) and the nodes given by hand."""
+    from auditor.collect.prometheus import NODE_LABELS
+
+    if step_s <= 0:
+        raise InputError("the step must be positive", field="--step")
+    if timeout_s <= 0:
+        raise InputError("the timeout must be positive", field="--timeout")
+    labels = tuple(node_labels) if node_labels is not None else NODE_LABELS
+    if not labels or not all(labels):
+        raise InputError("a node label name cannot be empty", field="--node-label")
+    given = dict(nodes or {})
+    if not all(given) or not all(given.values()):
+        raise InputError("--node takes HOSTNAME=NODE or UUID=NODE", field="--node")
+    return labels, given
+
+
 def import_prometheus(
     url: str,
     *,
@@ -297,7 +321,6 @@ def import_prometheus(
     from sqlalchemy import select
 
     from auditor.collect.prometheus import (
-        NODE_LABELS,
         NodeResolver,
         PrometheusClient,
         SignalStats,
@@ -319,16 +342,9 @@ def import_prometheus(
     start_ms, end_ms = window
     if end_ms <= start_ms:
         raise InputError("the window ends before it starts", field="--end")
-    if step_s <= 0:
-        raise InputError("the step must be positive", field="--step")
-    if timeout_s <= 0:
-        raise InputError("the timeout must be positive", field="--timeout")
-    labels = tuple(node_labels) if node_labels is not None else NODE_LABELS
-    if not labels or not all(labels):
-        raise InputError("a node label name cannot be empty", field="--node-label")
-    given = dict(nodes or {})
-    if not all(given) or not all(given.values()):
-        raise InputError("--node takes HOSTNAME=NODE or UUID=NODE", field="--node")
+    labels, given = store_query_options(
+        step_s=step_s, timeout_s=timeout_s, node_labels=node_labels, nodes=nodes
+    )
     step_ms = round(step_s * 1000)
     client = PrometheusClient(prometheus_url, auth=auth, timeout_s=timeout_s)
     per_query = points_per_query(

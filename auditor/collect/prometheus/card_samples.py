@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from auditor.collect.prometheus.decode import BOUNDS, COLUMNS, SLOT, Points, reading
+from auditor.collect.prometheus.decode import BOUNDS, COLUMNS, SLOT, Points, in_bounds, reading
 from auditor.model import SAMPLE_FIELDS, GpuSample, Holding
 
 FloatArray = npt.NDArray[np.float64]
@@ -96,13 +96,7 @@ def point_columns(
         values = np.fromiter(map(float, texts), np.float64, count=len(texts))
     except ValueError:  # a text that is no number: checked point by point, in order
         return ms, _checked(seconds.tolist(), texts, metric=metric, column=column, labels=labels)
-    with np.errstate(invalid="ignore"):
-        if column == "throttle_reasons":
-            ok = (values >= 0) & (values < 2.0**64) & (values == np.floor(values))
-        else:
-            low, high = BOUNDS[column]
-            ok = (values >= low) & (values <= high)
-    bad = ~ok & ~np.isnan(values)
+    bad = ~in_bounds(values, column) & ~np.isnan(values)
     for i in np.flatnonzero(bad).tolist():  # raises at the first
         values[i] = _value(texts[i], float(seconds[i]), metric=metric, column=column, labels=labels)
     return ms, values

@@ -63,6 +63,19 @@ BOUNDS: Mapping[str, tuple[float, float]] = {
 out of range does (throttle reasons: an integer bitmask below 2**64)."""
 
 
+def in_bounds(values: npt.NDArray[np.float64], column: str) -> npt.NDArray[np.bool_]:
+    """Which readings of a sample column are within what the field can hold (NaN is not:
+    the caller decides what an unreadable value is): throttle reasons a whole bitmask of 64
+    bits, any other column its `BOUNDS`."""
+    with np.errstate(invalid="ignore"):
+        if column == "throttle_reasons":
+            ok = (values >= 0) & (values < 2.0**64) & (values == np.floor(values))
+        else:
+            low, high = BOUNDS[column]
+            ok = (values >= low) & (values <= high)
+    return np.asarray(ok, dtype=np.bool_)
+
+
 def short(value: object, limit: int = 60) -> str:
     """`value` as a string (`repr` unless it is one), redacted, cut to `limit` characters."""
     text = redact(value if isinstance(value, str) else repr(value))

@@ -28,12 +28,12 @@ import numpy as np
 
 from auditor.collect.prometheus.client import PrometheusClient, QueryRefused
 from auditor.collect.prometheus.decode import (
-    BOUNDS,
     GPU_UTIL,
     GR_ENGINE,
     METRICS,
     Series,
     gpu_record,
+    in_bounds,
     reading,
     short,
 )
@@ -196,13 +196,7 @@ def _values(
         values = np.full(n, np.nan)
         bad = np.ones(n, dtype=bool)
     else:
-        with np.errstate(invalid="ignore"):
-            if column == "throttle_reasons":
-                ok = (values >= 0) & (values < 2.0**64) & (values == np.floor(values))
-            else:
-                low, high = BOUNDS[column]
-                ok = (values >= low) & (values <= high)
-        bad = ~ok & ~np.isnan(values)
+        bad = ~in_bounds(values, column) & ~np.isnan(values)
     if bad.any():
         for i in np.flatnonzero(bad):
             p = points[int(i)]
