@@ -47,7 +47,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left, bisect_right
 from collections import defaultdict
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -116,6 +116,23 @@ class MemoryInUse:
 
 EDGE_MS = 2 * 60_000
 """Memory in use this close to where the evidence starts was in use before it."""
+MEMORY_IN_USE_MIB = 100.0
+"""Framebuffer used above this is a process on the card (an idle card or MIG instance
+shows a few MiB)."""
+MEMORY_MINUTE_MS = 60_000
+"""Memory readings are taken per minute: its first and last reading in use."""
+
+
+def merge_minutes(minutes: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """A card's `MemoryInUse` spans from its minutes in use, in time order (each minute's
+    first and last reading with memory in use): minutes under two minutes apart are one."""
+    spans: list[tuple[int, int]] = []
+    for lo, hi in minutes:
+        if spans and lo - spans[-1][1] <= 2 * MEMORY_MINUTE_MS:
+            spans[-1] = (spans[-1][0], hi)
+        else:
+            spans.append((lo, hi))
+    return spans
 
 
 def _num(value: Any) -> int | None:

@@ -48,8 +48,6 @@ if TYPE_CHECKING:
 NEIGHBOUR_READ_MS = 3_600_000
 """How far beyond a card's range its `NEIGHBOUR_SAMPLES` are looked for (the stored audit
 finds them however far; a store is read in ranges): an hour."""
-MEMORY_IN_USE_MIB = 100.0
-MINUTE_MS = 60_000
 
 
 @dataclass(frozen=True)
@@ -171,23 +169,18 @@ class _Found:
     def memory(self, evidence: tuple[int, int]) -> MemoryInUse:
         """The cards' memory in use over `evidence`, as `store.placement.memory_in_use`
         reads it from stored samples: minutes merged where under two minutes apart."""
-        from auditor.classify.tenures import MemoryInUse
+        from auditor.classify.tenures import MemoryInUse, merge_minutes
 
         lo, hi = evidence
         spans: dict[str, list[tuple[int, int]]] = {}
         for uuid, minutes in self.minutes.items():
-            card: list[tuple[int, int]] = []
-            for minute in sorted(minutes):
-                a, b = minutes[minute]
-                if b < lo or a >= hi:
-                    continue
-                a, b = max(a, lo), min(b, hi - 1)
-                if card and a - card[-1][1] <= 2 * MINUTE_MS:
-                    card[-1] = (card[-1][0], b)
-                else:
-                    card.append((a, b))
-            if card:
-                spans[uuid] = card
+            inside = [
+                (max(a, lo), min(b, hi - 1))
+                for a, b in (minutes[m] for m in sorted(minutes))
+                if not (b < lo or a >= hi)
+            ]
+            if inside:
+                spans[uuid] = merge_minutes(inside)
         return MemoryInUse(spans, from_ms=lo)
 
 
@@ -203,6 +196,7 @@ def _discover(
     (as `import prometheus` stores them), their minutes of memory in use kept."""
     from sqlalchemy import Engine, select
 
+    from auditor.classify.tenures import MEMORY_IN_USE_MIB, MEMORY_MINUTE_MS
     from auditor.collect.prometheus import DISCOVERED, GPU_UTIL, NodeResolver, read_chunk
     from auditor.model import GpuRecord
     from auditor.store.sample_sink import resolve_holdings
@@ -250,7 +244,7 @@ def _discover(
                 hi = s.ts_ms if hi is None else max(hi, s.ts_ms)
                 if s.memory_used_mib is not None and s.memory_used_mib > MEMORY_IN_USE_MIB:
                     card = minutes.setdefault(s.gpu_uuid, {})
-                    minute = s.ts_ms // MINUTE_MS
+                    minute = s.ts_ms // MEMORY_MINUTE_MS
                     seen = card.get(minute)
                     card[minute] = (
                         (s.ts_ms, s.ts_ms)

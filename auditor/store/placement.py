@@ -7,7 +7,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from auditor.classify.tenures import GPU_GROUP, GPU_NAMED, MemoryInUse
+from auditor.classify.tenures import (
+    GPU_GROUP,
+    GPU_NAMED,
+    MEMORY_IN_USE_MIB,
+    MEMORY_MINUTE_MS,
+    MemoryInUse,
+    merge_minutes,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Collection
@@ -20,10 +27,7 @@ RUNAI_RESERVED_FOR = "run.ai/reserve_for_gpu_index"
 """A reservation pod's card: a GPU UUID (an index in older Run:ai releases)."""
 RUNAI_GPU = "runai-gpu"
 """A fraction pod's card index on its node (older Run:ai releases)."""
-MEMORY_IN_USE_MIB = 100.0
-"""Framebuffer used above this is a process on the card (an idle card or MIG instance
-shows a few MiB)."""
-BUCKET_MS = 60_000
+BUCKET_MS = MEMORY_MINUTE_MS
 
 
 def with_runai_links(conn: Connection, pods: pd.DataFrame) -> pd.DataFrame:
@@ -95,23 +99,18 @@ def memory_in_use(
     cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
     try:
         for uuid, gpu_id, node in zip(cards["uuid"], cards["id"], cards["node"], strict=True):
-            card: list[tuple[int, int]] = []
+            minutes: list[tuple[int, int]] = []
             for a, b in ranges[str(node)]:
                 cur.execute(query, (int(gpu_id), a, b, MEMORY_IN_USE_MIB))
                 ts = np.fromiter((r[0] for r in cur.fetchall()), dtype=np.int64)
                 if not ts.size:
                     continue
                 # per minute its first and last reading, as one grouped pass would give them
-                minute = ts // BUCKET_MS
-                cut = np.flatnonzero(np.diff(minute)) + 1
+                cut = np.flatnonzero(np.diff(ts // BUCKET_MS)) + 1
                 starts, ends = ts[np.r_[0, cut]], ts[np.r_[cut - 1, ts.size - 1]]
-                for m_lo, m_hi in zip(starts.tolist(), ends.tolist(), strict=True):
-                    if card and m_lo - card[-1][1] <= 2 * BUCKET_MS:
-                        card[-1] = (card[-1][0], m_hi)
-                    else:
-                        card.append((m_lo, m_hi))
-            if card:
-                spans[str(uuid)] = card
+                minutes += zip(starts.tolist(), ends.tolist(), strict=True)
+            if minutes:
+                spans[str(uuid)] = merge_minutes(minutes)
     finally:
         cur.close()
     return MemoryInUse(spans, from_ms=lo)

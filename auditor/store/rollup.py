@@ -39,6 +39,7 @@ from auditor.classify.rollup import (
 from auditor.model import RunSlice, Window
 from auditor.settings import Thresholds
 from auditor.store.hours import run_ids as hour_runs
+from auditor.store.reads import records
 from auditor.store.schema import audit_runs, gpu_samples, gpu_samples_1m, gpu_tenant_util, gpus
 
 READ_MARGIN_MS = 15 * 60_000
@@ -281,8 +282,7 @@ def read_minutes(
         .where(cond)
         .order_by(gpus.c.uuid, t.c.minute_ms)
     )
-    rows = [tuple(r) for r in conn.execute(stmt)]
-    frame = pd.DataFrame.from_records(rows, columns=list(ROLLUP_COLUMNS))
+    frame = records(conn.execute(stmt).all(), ROLLUP_COLUMNS)
     for c in ("minute_ms", "samples", "covered_ms", "readable_ms"):
         frame[c] = frame[c].astype("int64")
     for c in ("covered_from_ms", "covered_to_ms"):

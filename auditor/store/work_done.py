@@ -15,6 +15,7 @@ from sqlalchemy import Connection, and_, delete, func, insert, or_, select, tupl
 
 from auditor.model import RunSlice, Selection, Window
 from auditor.store.hours import parts_condition
+from auditor.store.reads import records
 from auditor.store.schema import audit_sm, gpus, latency_buckets, outputs, pods
 from auditor.store.signals import run_start
 
@@ -71,7 +72,7 @@ def read_sm(conn: Connection, run_ids: Sequence[int | RunSlice]) -> pd.DataFrame
         "sm_active_seconds",
         "sm_busy_seconds",
     ]
-    df = pd.DataFrame.from_records(conn.execute(stmt).all(), columns=cols)
+    df = records(conn.execute(stmt).all(), cols)
     for c in ("sm_active_seconds", "sm_busy_seconds"):
         df[c] = df[c].astype("float64")
     return df
@@ -148,7 +149,7 @@ def read_outputs(conn: Connection, *, window: Window) -> pd.DataFrame:
         "pod",
         "gpu_count",
     ]
-    df = pd.DataFrame.from_records(conn.execute(stmt).all(), columns=cols)
+    df = records(conn.execute(stmt).all(), cols)
     df["outputs"] = df["outputs"].astype("float64")
     df["quality"] = pd.to_numeric(df["quality"], errors="coerce").astype("float64")
     return df
@@ -168,7 +169,7 @@ def read_latency(conn: Connection, *, window: Window, pod_uids: Sequence[str]) -
             latency_buckets.c.end_ms > window[0],
         )
         rows += conn.execute(stmt).all()
-    df = pd.DataFrame.from_records(rows, columns=cols)
+    df = records(rows, cols)
     df["le"] = df["le"].astype("float64")
     df["count"] = df["count"].astype("float64")
     return df
