@@ -123,7 +123,7 @@ MEMORY_MINUTE_MS = 60_000
 """Memory readings are taken per minute: its first and last reading in use."""
 
 
-def merge_minutes(minutes: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+def memory_spans(minutes: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
     """A card's `MemoryInUse` spans from its minutes in use, in time order (each minute's
     first and last reading with memory in use): minutes under two minutes apart are one."""
     spans: list[tuple[int, int]] = []

@@ -169,7 +169,7 @@ class _Found:
     def memory(self, evidence: tuple[int, int]) -> MemoryInUse:
         """The cards' memory in use over `evidence`, as `store.placement.memory_in_use`
         reads it from stored samples: minutes merged where under two minutes apart."""
-        from auditor.classify.tenures import MemoryInUse, merge_minutes
+        from auditor.classify.tenures import MemoryInUse, memory_spans
 
         lo, hi = evidence
         spans: dict[str, list[tuple[int, int]]] = {}
@@ -180,7 +180,7 @@ class _Found:
                 if not (b < lo or a >= hi)
             ]
             if inside:
-                spans[uuid] = merge_minutes(inside)
+                spans[uuid] = memory_spans(inside)
         return MemoryInUse(spans, from_ms=lo)
 
 

@@ -9,7 +9,7 @@ cost more than the scan itself at a million rows.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 from sqlalchemy import Connection
@@ -54,3 +54,17 @@ def scan_card_ranges(
     finally:
         cur.close()
     return parts
+
+
+def merged_spans(spans: Iterable[tuple[int, int]], *, lo: int, hi: int) -> list[tuple[int, int]]:
+    """`spans` clipped to `[lo, hi)`, sorted, overlapping or touching ones merged: the
+    ranges to scan for a card."""
+    out: list[tuple[int, int]] = []
+    for a, b in sorted((max(int(a), lo), min(int(b), hi)) for a, b in spans):
+        if a >= b:
+            continue
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out

@@ -13,8 +13,9 @@ from auditor.classify.tenures import (
     MEMORY_IN_USE_MIB,
     MEMORY_MINUTE_MS,
     MemoryInUse,
-    merge_minutes,
+    memory_spans,
 )
+from auditor.store.keyscan import merged_spans
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Collection
@@ -110,7 +111,7 @@ def memory_in_use(
                 starts, ends = ts[np.r_[0, cut]], ts[np.r_[cut - 1, ts.size - 1]]
                 minutes += zip(starts.tolist(), ends.tolist(), strict=True)
             if minutes:
-                spans[str(uuid)] = merge_minutes(minutes)
+                spans[str(uuid)] = memory_spans(minutes)
     finally:
         cur.close()
     return MemoryInUse(spans, from_ms=lo)
@@ -124,17 +125,8 @@ minutes before it read."""
 
 def _minutes(stretches: list[tuple[int, int]], *, lo: int, hi: int) -> list[tuple[int, int]]:
     """The stretches widened to whole minutes, merged, and cut to `[lo, hi)`."""
-    out: list[tuple[int, int]] = []
-    for start, end in sorted(stretches):
-        a = max(lo, start // BUCKET_MS * BUCKET_MS)
-        b = min(hi, -(-end // BUCKET_MS) * BUCKET_MS)
-        if a >= b:
-            continue
-        if out and a <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], b))
-        else:
-            out.append((a, b))
-    return out
+    whole = ((a // BUCKET_MS * BUCKET_MS, -(-b // BUCKET_MS) * BUCKET_MS) for a, b in stretches)
+    return merged_spans(whole, lo=lo, hi=hi)
 
 
 def held_tenures(

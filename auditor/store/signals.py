@@ -17,7 +17,7 @@ from sqlalchemy import Connection, and_, bindparam, delete, func, insert, or_, s
 from auditor.classify.causes import CARD_SIGNALS, POD_SIGNALS
 from auditor.model import RunSlice, Window
 from auditor.store.hours import parts_condition
-from auditor.store.keyscan import scan_card_ranges
+from auditor.store.keyscan import merged_spans, scan_card_ranges
 from auditor.store.schema import (
     audit_causes,
     audit_runs,
@@ -168,7 +168,7 @@ def read_card_signals(
         if spans is None:
             ranges.append((gpu_id, lo, hi))
         else:
-            ranges += [(gpu_id, a, b) for a, b in _merged(spans.get(gpu_id, ()), lo=lo, hi=hi)]
+            ranges += [(gpu_id, a, b) for a, b in merged_spans(spans.get(gpu_id, ()), lo=lo, hi=hi)]
     found = scan_card_ranges(conn, "card_signals", ("ts_ms", *CARD_SIGNALS), _CARD_SIGNAL_ROW,
                              ranges)  # fmt: skip
     parts = [rows for _, rows in found]
@@ -176,19 +176,6 @@ def read_card_signals(
     names = np.array([uuid_of[gpu_id] for gpu_id, _ in found], dtype=object)
     gpu = np.repeat(names, [p.size for p in parts])
     return pd.DataFrame({"gpu": gpu, "ts_ms": rows["ts_ms"], **{c: rows[c] for c in CARD_SIGNALS}})
-
-
-def _merged(spans: Sequence[tuple[int, int]], *, lo: int, hi: int) -> list[tuple[int, int]]:
-    """`spans` clipped to `[lo, hi)`, sorted, overlapping or touching ones merged."""
-    out: list[tuple[int, int]] = []
-    for a, b in sorted((max(int(a), lo), min(int(b), hi)) for a, b in spans):
-        if a >= b:
-            continue
-        if out and a <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], b))
-        else:
-            out.append((a, b))
-    return out
 
 
 def read_node_outages(conn: Connection, *, window: Window) -> pd.DataFrame:
