@@ -123,6 +123,12 @@ class GpuConflictError(InputError):
                 "physical card and its samples stay on the node that took them (README: 'A "
                 "GPU on two nodes')"
             )
+        elif field == "cluster":
+            message = (
+                f"GPU {uuid} is already recorded in cluster {stored!r}, not {new!r}; nothing "
+                "was written: check --cluster (or `cluster` in the config). A GPU UUID is one "
+                "physical card and its samples stay in the cluster that took them"
+            )
         else:
             message = (
                 f"GPU {uuid} is already recorded as {field} {stored!r}, not {new!r}; nothing "

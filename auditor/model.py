@@ -90,9 +90,15 @@ PLATFORM_TEAM = "(platform)"
 """Team name of the row that carries unallocated time and unobserved time of unheld cards."""
 
 
+DEFAULT_CLUSTER = "default"
+"""The cluster of every card, pod and node that names none (SPEC §11): a store of one
+cluster never needs to say which, and a store from before clusters holds this one."""
+
+
 class GroupBy(StrEnum):
     """What the rows of a report are grouped by (`auditor report --by`)."""
 
+    CLUSTER = "cluster"
     TEAM = "team"
     NAMESPACE = "namespace"
     JOB = "job"
@@ -339,7 +345,7 @@ class GpuConflict:
 
     uuid: str
     field: str
-    """Which differs: "node" or "model"."""
+    """Which differs: "node", "cluster" or "model"."""
     stored: str
     new: str
 

@@ -8,16 +8,20 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import tomllib
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 from auditor.errors import ConfigError
+from auditor.model import DEFAULT_CLUSTER
 
 DEFAULT_DB_FILE = "auditor.db"
 DB_URL_ENV = "AUDITOR_DB_URL"
 DB_URL_FILE_ENV = "AUDITOR_DB_URL_FILE"
+CLUSTER_ENV = "AUDITOR_CLUSTER"
+"""The services' cluster (`--cluster`), as the chart gives it to them."""
 CONFIG_ENV = "AUDITOR_CONFIG"
 PROMETHEUS_TOKEN_ENV = "AUDITOR_PROMETHEUS_TOKEN"
 PROMETHEUS_PASSWORD_ENV = "AUDITOR_PROMETHEUS_PASSWORD"
@@ -172,6 +176,8 @@ class SampleOptions:
     """Log one JSON object a line, as the watcher does with the same flag."""
     idle_threshold_pct: float = Thresholds().idle_threshold_pct
     """A held card whose utilisation is at or below this is idle for its live idle streak."""
+    cluster: str = DEFAULT_CLUSTER
+    """The cluster the node is in (SPEC §11): its cards are stored as that cluster's."""
 
 
 @dataclass(frozen=True)
@@ -203,6 +209,8 @@ class WatchOptions:
     """Seconds without a byte after which a watch stream counts as dead (servers send a
     bookmark about every minute to a watch that asks for them)."""
     json_logs: bool = False
+    cluster: str = DEFAULT_CLUSTER
+    """The cluster watched (SPEC §11): its pods and nodes are stored as that cluster's."""
     audit_top_jobs: int = 10
     """/metrics also serves the latest complete audit (read at most once a minute), with the
     figures of this many jobs that wasted most; 0: no job figures."""
@@ -277,6 +285,9 @@ class Config:
     """Team -> cost centre, for the finance export."""
     retention: Retention = field(default_factory=Retention)
     sharing: Sharing = field(default_factory=Sharing)
+    cluster: str = DEFAULT_CLUSTER
+    """The cluster imports and services record their cards, pods and nodes as, where no
+    `--cluster` says (SPEC §11)."""
 
 
 def default_db_url(cwd: Path | None = None) -> str:
@@ -322,7 +333,16 @@ def load_config(path: Path | None) -> Config:
         raise ConfigError(f"not valid TOML: {e}", file=name) from e
     _known(
         raw,
-        {"currency", "thresholds", "teams", "prices", "cost_centres", "retention", "sharing"},
+        {
+            "currency",
+            "thresholds",
+            "teams",
+            "prices",
+            "cost_centres",
+            "retention",
+            "sharing",
+            "cluster",
+        },
         name,
         "",
     )
@@ -362,7 +382,27 @@ def load_config(path: Path | None) -> Config:
         cost_centres=_text_map(raw.get("cost_centres", {}), name, "cost_centres"),
         retention=Retention(raw_days=float(raw_days)),
         sharing=_sharing(_table(raw, "sharing", name), name),
+        cluster=cluster_name(
+            _text(raw, "cluster", name, "", default=DEFAULT_CLUSTER), file=name, field="cluster"
+        ),
     )
+
+
+CLUSTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
+"""A cluster's name: what kubeconfig contexts and Prometheus `cluster` labels use, short
+enough for its column, and safe to print in a command a message suggests."""
+
+
+def cluster_name(value: str, *, file: str | None = None, field: str = "--cluster") -> str:
+    """`value` if it is a cluster name (`CLUSTER_NAME`), else a ConfigError naming `field`."""
+    if not CLUSTER_NAME.fullmatch(value):
+        raise ConfigError(
+            "a cluster name is 1 to 253 letters, digits, '.', '_' or '-', starting with a "
+            f"letter or digit, not {value[:80]!r}",
+            file=file,
+            field=field,
+        )
+    return value
 
 
 def _sharing(table: dict[str, Any], name: str) -> Sharing:

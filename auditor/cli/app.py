@@ -24,6 +24,7 @@ from auditor.settings import (
     DB_URL_ENV,
     DB_URL_FILE_ENV,
     Config,
+    cluster_name,
     default_db_url,
     load_config,
 )
@@ -54,6 +55,15 @@ class State:
 
     def config(self) -> Config:
         return load_config(self.config_path)
+
+    def cluster(self, flag: str | None) -> str:
+        """The cluster a writer records: `--cluster`, else the config's (SPEC §11)."""
+        return cluster_name(flag) if flag is not None else self.config().cluster
+
+    @staticmethod
+    def cluster_filter(flag: str | None) -> str | None:
+        """The cluster a reader keeps to: `--cluster`, else None (every one)."""
+        return None if flag is None else cluster_name(flag)
 
 
 state = State()

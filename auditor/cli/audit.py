@@ -26,6 +26,7 @@ from auditor.cli.options import (
     ThresholdOption,
 )
 from auditor.errors import InputError
+from auditor.model import DEFAULT_CLUSTER
 from auditor.settings import Config
 from auditor.timespec import parse_day, parse_window
 
@@ -130,6 +131,14 @@ def audit(
             help="With --samples-from: the node of a GPU UUID or a Hostname; repeatable.",
         ),
     ] = None,
+    cluster: Annotated[
+        str | None,
+        typer.Option(
+            "--cluster",
+            help="Audit this cluster only (default: each cluster the database holds, one run "
+            "each; with --samples-from, the config's `cluster`, else 'default').",
+        ),
+    ] = None,
 ) -> None:
     """Classify every GPU-second of a window and store the run (re-running replaces it).
 
@@ -158,12 +167,25 @@ def audit(
                 timeout=timeout,
                 node_labels=node_label or None,
                 nodes=node or [],
+                cluster=state.cluster(cluster),
             )
             return
-        stats = jobs.audit(
-            state.db_url, window=window, thresholds=config.thresholds, shard=parse_shard(shard)
-        )
-    _said(stats)
+        if cluster is not None:
+            done = [
+                jobs.audit(
+                    state.db_url,
+                    window=window,
+                    thresholds=config.thresholds,
+                    shard=parse_shard(shard),
+                    cluster=state.cluster(cluster),
+                )
+            ]
+        else:
+            done = jobs.audit_clusters(
+                state.db_url, window=window, thresholds=config.thresholds, shard=parse_shard(shard)
+            )
+    for stats in done:
+        _said(stats)
 
 
 def _from_store(
@@ -179,6 +201,7 @@ def _from_store(
     timeout: str,
     node_labels: list[str] | None,
     nodes: list[str],
+    cluster: str,
 ) -> None:
     """`audit --samples-from URL`: the audit read straight from the metrics store."""
     from auditor import jobs
@@ -207,6 +230,7 @@ def _from_store(
         else parse_duration(chunk, option="--store-chunk").total_seconds(),
         node_labels=node_labels,
         nodes=jobs.parse_node_options(nodes),
+        cluster=cluster,
     )
     typer.echo(
         f"read {stats.points} samples of {stats.cards} GPUs from {redact(clean)} in "
@@ -222,8 +246,9 @@ def _from_store(
 
 
 def _said(stats: AuditStats) -> None:
+    of = "" if stats.cluster == DEFAULT_CLUSTER else f" of cluster {stats.cluster}"
     typer.echo(
-        f"audit run {stats.run_id}: {stats.gpus} GPUs, {stats.samples} samples, "
+        f"audit run {stats.run_id}{of}: {stats.gpus} GPUs, {stats.samples} samples, "
         f"{stats.tenures} tenures in {stats.seconds:.1f}s"
     )
     if stats.gpus and not stats.tenures:
@@ -258,6 +283,10 @@ def whatif(
     ] = WhatIfFormat.TABLE,
     out: OutOption = None,
     threshold: ThresholdOption = [],  # noqa: B006 - typer reads the default, never mutates it
+    cluster: Annotated[
+        str | None,
+        typer.Option("--cluster", help="The cluster replayed, where the database holds several."),
+    ] = None,
 ) -> None:
     """Replay idle-culling policies over stored history: GPU-hours released, false stops.
 
@@ -272,6 +301,7 @@ def whatif(
         policies = [parse_policy(p) for p in policy]
         result = jobs.whatif(
             state.db_url,
+            cluster=state.cluster_filter(cluster),
             policies=policies,
             window=parse_window(start, end, since),
             thresholds=config.thresholds,

@@ -19,6 +19,7 @@ from auditor.cli.options import (
     BasicAuthPasswordFileOption,
     BasicAuthUserOption,
     BearerTokenFileOption,
+    ClusterOption,
     EndOption,
     QueryTimeoutOption,
     SinceOption,
@@ -62,6 +63,7 @@ def import_nvidia_smi(
         bool,
         typer.Option("--ignore-unknown-columns", help="Skip columns this version does not know."),
     ] = False,
+    cluster: ClusterOption = None,
 ) -> None:
     """Import GPU samples from nvidia-smi CSVs (any field order, with or without units).
 
@@ -72,6 +74,7 @@ def import_nvidia_smi(
     fields = None if columns is None else [c.strip() for c in columns.split(",")]
     with user_errors():
         zone = parse_tz(tz)
+        of = state.cluster(cluster)
 
     def one(file: Path) -> None:
         with file_progress(file, file.name) as progress:
@@ -83,6 +86,7 @@ def import_nvidia_smi(
                 ignore_unknown_columns=ignore_unknown_columns,
                 progress=progress,
                 columns=fields,
+                cluster=of,
             )
         already = f" ({stats.already} already stored)" if stats.already else ""
         typer.echo(
@@ -139,6 +143,7 @@ def import_pods(
             "several files: one transaction each.",
         ),
     ],
+    cluster: ClusterOption = None,
 ) -> None:
     """Import GPU pods and nodes from kubectl JSON or YAML lists, manifests or watch streams.
 
@@ -146,9 +151,14 @@ def import_pods(
     non-zero."""
     from auditor import jobs
 
+    with user_errors():
+        of = state.cluster(cluster)
+
     def one(file: Path) -> None:
         with file_progress(file, file.name) as progress:
-            stats = jobs.import_pods(state.db_url, file, config=state.config(), progress=progress)
+            stats = jobs.import_pods(
+                state.db_url, file, config=state.config(), progress=progress, cluster=of
+            )
         typer.echo(
             f"imported {stats.rows} GPU pod records and {stats.nodes} nodes from {file} in "
             f"{stats.seconds:.1f}s, import {stats.import_id}"
@@ -222,6 +232,7 @@ def import_prometheus(
             "says; repeatable.",
         ),
     ] = None,
+    cluster: ClusterOption = None,
 ) -> None:
     """Import dcgm-exporter GPU samples, and the pod holding each GPU, from Prometheus."""
     from auditor import jobs
@@ -248,6 +259,7 @@ def import_prometheus(
             timeout_s=timeout_s,
             node_labels=node_label or None,
             nodes=jobs.parse_node_options(node or []),
+            cluster=state.cluster(cluster),
         )
     sources = describe_sources(stats.node_sources, stats.util_sources)
     typer.echo(

@@ -12,7 +12,12 @@ from typing import Annotated, Any
 
 import typer
 
-from auditor.settings import LOG_FORMAT_ENV, PROMETHEUS_PASSWORD_ENV, PROMETHEUS_TOKEN_ENV
+from auditor.settings import (
+    CLUSTER_ENV,
+    LOG_FORMAT_ENV,
+    PROMETHEUS_PASSWORD_ENV,
+    PROMETHEUS_TOKEN_ENV,
+)
 
 # ---------------------------------------------------------------- windows
 
@@ -56,6 +61,36 @@ BasicAuthPasswordFileOption = Annotated[
 QueryTimeoutOption = Annotated[
     str, typer.Option("--timeout", help="Longest one query may take, to its last byte.")
 ]
+
+ClusterOption = Annotated[
+    str | None,
+    typer.Option(
+        "--cluster",
+        help="The cluster these records are of (default: the config's `cluster`, else "
+        "'default'); one database holds several.",
+    ),
+]
+"""`--cluster` of the writers (imports, services): the cluster what they store is of."""
+ClusterFilterOption = Annotated[
+    str | None,
+    typer.Option(
+        "--cluster",
+        help="Only this cluster's results (default: every cluster the database holds).",
+    ),
+]
+"""`--cluster` of the readers (reports, exports): one cluster, else all of them."""
+ServiceClusterOption = Annotated[
+    str | None,
+    typer.Option(
+        "--cluster",
+        envvar=CLUSTER_ENV,
+        show_envvar=True,
+        help="The cluster this service runs in (default: the config's `cluster`, else "
+        "'default'); one database holds several.",
+    ),
+]
+"""`--cluster` of the services, also from the environment (the chart sets it)."""
+
 
 # ---------------------------------------------------------------- services
 

@@ -21,7 +21,7 @@ from auditor.cli.app import (
     user_errors,
     write_atomically,
 )
-from auditor.cli.options import OutOption
+from auditor.cli.options import ClusterFilterOption, OutOption
 from auditor.errors import InputError
 from auditor.model import GroupBy
 from auditor.settings import FINANCE_OUT_ENV
@@ -61,6 +61,7 @@ def report(
             "(repeatable; as `auditor whatif --policy`).",
         ),
     ] = [],  # noqa: B006 - typer reads the default, never mutates it
+    cluster: ClusterFilterOption = None,
 ) -> None:
     """GPU-hours per category and group, shares, utilisation spread, top offenders."""
     from auditor import jobs
@@ -69,6 +70,7 @@ def report(
 
     with user_errors():
         window = parse_window(start, end, None)
+        only = state.cluster_filter(cluster)
         if policy and fmt is not Format.HTML:
             raise InputError("--policy goes with --format html", field="--policy")
         if fmt is Format.HTML:
@@ -82,6 +84,7 @@ def report(
                 team=team,
                 thresholds=state.config().thresholds,
                 policies=[parse_policy(p) for p in policy],
+                cluster=only,
             )
             emit(text, out)
             return
@@ -91,6 +94,7 @@ def report(
             end_ms=window[1] if window else None,
             by=by,
             team=team,
+            cluster=only,
         )
         if fmt is Format.TABLE:
             text = render_table(rep, width=terminal_width() if out is None else None)
@@ -118,6 +122,10 @@ def explain(
     width: Annotated[
         int, typer.Option("--width", min=20, help="Characters per timeline strip.")
     ] = 72,
+    cluster: Annotated[
+        str | None,
+        typer.Option("--cluster", help="The cluster it runs in, where its name is in several."),
+    ] = None,
 ) -> None:
     """Each card of a job or pod over time: categories, findings, what it waited on, next steps."""
     from auditor import jobs
@@ -125,7 +133,12 @@ def explain(
     from auditor.report.html import render_explain_html
 
     with user_errors():
-        ex = jobs.explain(state.db_url, target, thresholds=state.config().thresholds)
+        ex = jobs.explain(
+            state.db_url,
+            target,
+            thresholds=state.config().thresholds,
+            cluster=state.cluster_filter(cluster),
+        )
         if html is not None:
             write_atomically(html, render_explain_html(ex))
     typer.echo(render_explain_text(ex, width=width), nl=False)
@@ -147,8 +160,10 @@ def export_finance(
             "from the environment as each SDK reads them); {week} in it becomes the week.",
         ),
     ] = None,
+    cluster: ClusterFilterOption = None,
 ) -> None:
-    """The weekly finance CSV: one row per team × GPU model, plus the platform rows.
+    """The weekly finance CSV: one row per team × cluster × GPU model, plus the platform
+    rows.
 
     Written whole or not at all: a local file through a temporary file and a rename, an
     object in one upload (never a partial object)."""
@@ -161,7 +176,11 @@ def export_finance(
         chosen = last_week(datetime.now(UTC)) if week == "last" else week
         warnings: list[str] = []
         text = jobs.export_finance(
-            state.db_url, week=chosen, config=state.config(), warn=warnings.append
+            state.db_url,
+            week=chosen,
+            config=state.config(),
+            warn=warnings.append,
+            cluster=state.cluster_filter(cluster),
         )
         if out is not None:
             write_output(out.replace("{week}", chosen), text.encode("utf-8"))

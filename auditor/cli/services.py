@@ -16,6 +16,7 @@ from auditor.cli.options import (
     LogFormat,
     LogFormatOption,
     MetricsHostOption,
+    ServiceClusterOption,
     metrics_port_option,
     port_flag,
     port_or_none,
@@ -116,6 +117,7 @@ def sample(
         ),
     ] = None,
     log_format: LogFormatOption = LogFormat.TEXT,
+    cluster: ServiceClusterOption = None,
 ) -> None:
     """Sample this node's GPUs through NVML and record which pod holds each (the DaemonSet)."""
     import socket
@@ -136,6 +138,7 @@ def sample(
             proc_root=proc_root if process_util else None,
             cgroup_root=cgroup_root if process_util else None,
             json_logs=log_format is LogFormat.JSON,
+            cluster=state.cluster(cluster),
         )
         jobs.sample(state.db_url, options, log=echo_err)
 
@@ -217,6 +220,7 @@ def watch(
         ),
     ] = WatchOptions.read_timeout_s,
     log_format: LogFormatOption = LogFormat.TEXT,
+    cluster: ServiceClusterOption = None,
 ) -> None:
     """Record who held which GPU when: list/watch GPU pods and nodes (the Deployment).
 
@@ -239,5 +243,6 @@ def watch(
             read_timeout_s=read_timeout,
             json_logs=log_format is LogFormat.JSON,
             audit_top_jobs=metrics_top_jobs,
+            cluster=state.cluster(cluster),
         )
         jobs.watch(state.db_url, options, config=state.config(), log=echo_err)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from auditor import __version__
 from auditor.errors import InputError
 from auditor.jobs.common import nulls, open_store
-from auditor.model import Window
+from auditor.model import DEFAULT_CLUSTER, Window
 from auditor.settings import Thresholds
 
 if TYPE_CHECKING:
@@ -71,18 +71,20 @@ class Signals:
 class AuditStats:
     run_id: int
     window: Window
+    cluster: str
     gpus: int
     samples: int
     tenures: int
     seconds: float
 
 
-def data_window(url: str, *, period_s: float) -> Window:
-    """The span of all stored samples, raw or rolled up, for an audit given no window."""
+def data_window(url: str, *, period_s: float, cluster: str | None = None) -> Window:
+    """The span of all stored samples (of `cluster`'s cards), raw or rolled up, for an audit
+    given no window."""
     engine = open_store(url)
     try:
         with engine.connect() as conn:
-            found = _data_span(conn, period_s=period_s)
+            found = _data_span(conn, period_s=period_s, cluster=cluster)
     finally:
         engine.dispose()
     if found is None:
@@ -90,13 +92,13 @@ def data_window(url: str, *, period_s: float) -> Window:
     return found
 
 
-def _data_span(conn: Connection, *, period_s: float) -> Window | None:
-    """From the first stored sample (raw or rolled up) to the end of the last one's
-    coverage; None for a store without samples."""
+def _data_span(conn: Connection, *, period_s: float, cluster: str | None) -> Window | None:
+    """From the first stored sample (raw or rolled up, of `cluster`'s cards) to the end of
+    the last one's coverage; None for a store without samples."""
     from auditor.store.reads import sample_span
     from auditor.store.rollup import rollup_span
 
-    raw, rolled = sample_span(conn), rollup_span(conn)
+    raw, rolled = sample_span(conn, cluster=cluster), rollup_span(conn, cluster=cluster)
     if raw is None and rolled is None:
         return None
     spans = [s for s in (raw, rolled) if s is not None]
@@ -120,8 +122,15 @@ def audit(
     shard: tuple[int, int] | None = None,
     chunk_samples: int = AUDIT_CHUNK_SAMPLES,
     now_ms: int | None = None,
+    cluster: str | None = None,
 ) -> AuditStats:
-    """Classify a window and store it as an audit run, replacing the runs it supersedes.
+    """Classify a window of one cluster and store it as an audit run, replacing the runs it
+    supersedes.
+
+    `cluster`: the cluster audited (SPEC §11); None for the one the store holds (an error
+    naming them where it holds several: `audit_clusters` audits each). A run reads only its
+    cluster's cards, pods, nodes and waits, so it is what a store holding that cluster alone
+    would store.
 
     Whole nodes are classified together, each chunk with the cards of its gangs on other
     nodes read as context, as many nodes per chunk as keep its samples within
@@ -130,8 +139,10 @@ def audit(
     audited; the n shards together store exactly what one unsharded run stores.
     """
     started = time.perf_counter()
+    if cluster is None:
+        cluster = only_cluster(url)
     if window is None:
-        window = data_window(url, period_s=thresholds.default_period_s)
+        window = data_window(url, period_s=thresholds.default_period_s, cluster=cluster)
     start_ms, end_ms = window
     if end_ms <= start_ms:
         raise InputError("the audit window ends before it starts", field="--end")
@@ -139,6 +150,7 @@ def audit(
     engine = open_store(url)
     try:
         return _audit(
+            cluster,
             engine,
             audited,
             thresholds=thresholds,
@@ -151,7 +163,57 @@ def audit(
         engine.dispose()  # a service auditing now and then keeps no connections open
 
 
+def stored_clusters(url: str) -> list[str]:
+    """The clusters the store holds cards, pods or nodes of, sorted; [DEFAULT_CLUSTER] for an
+    empty store."""
+    from auditor.store.reads import clusters
+
+    engine = open_store(url)
+    try:
+        with engine.connect() as conn:
+            return clusters(conn) or [DEFAULT_CLUSTER]
+    finally:
+        engine.dispose()
+
+
+def only_cluster(url: str) -> str:
+    """The one cluster the store holds; an error naming them where it holds several."""
+    found = stored_clusters(url)
+    if len(found) > 1:
+        raise InputError(
+            f"the store holds {len(found)} clusters ({', '.join(found)}): name one with --cluster",
+            field="--cluster",
+        )
+    return found[0]
+
+
+def audit_clusters(
+    url: str,
+    *,
+    window: tuple[int, int] | None,
+    thresholds: Thresholds,
+    shard: tuple[int, int] | None = None,
+    chunk_samples: int = AUDIT_CHUNK_SAMPLES,
+    now_ms: int | None = None,
+) -> list[AuditStats]:
+    """`audit` of every cluster the store holds, one run each, in name order. Without a
+    window, each cluster's over its own samples."""
+    return [
+        audit(
+            url,
+            window=window,
+            thresholds=thresholds,
+            shard=shard,
+            chunk_samples=chunk_samples,
+            now_ms=now_ms,
+            cluster=name,
+        )
+        for name in stored_clusters(url)
+    ]
+
+
 def _audit(
+    cluster: str,
     engine: Engine,
     audited: Window,
     *,
@@ -162,7 +224,8 @@ def _audit(
     started: float,
     source: SampleSource | None = None,
 ) -> AuditStats:
-    """The audit of `audited` on `engine`; samples from the store, else from `source`."""
+    """The audit of `cluster` over `audited` on `engine`; samples from the store, else from
+    `source`."""
     from auditor.classify.causes import split_causes
     from auditor.classify.efficiency import efficiency
     from auditor.classify.hours import HOUR_MS, cut_at_hours
@@ -196,7 +259,7 @@ def _audit(
         # whatever the window. Exact mappings first, then the evidence a guess uses (Run:ai's
         # links, memory in use), as explain and whatif place pods.
         data = (
-            _data_span(conn, period_s=thresholds.default_period_s)
+            _data_span(conn, period_s=thresholds.default_period_s, cluster=cluster)
             if source is None
             else source.span
         )
@@ -207,6 +270,7 @@ def _audit(
             window=(audited.start_ms, end_ms),
             memory=None if source is None else source.memory,
             first_ms=None if source is None or data is None else data.start_ms,
+            cluster=cluster,
         )
         ranges = card_ranges(gpus, tenures, window=audited)
         gpu_ids = dict(zip(gpus["uuid"], gpus["id"], strict=True))
@@ -224,8 +288,8 @@ def _audit(
         )
 
     with engine.connect() as conn:
-        unavailable = read_node_outages(conn, window=audited)
-        demand = read_demand(conn, window=audited)
+        unavailable = read_node_outages(conn, window=audited, cluster=cluster)
+        demand = read_demand(conn, window=audited, cluster=cluster)
     # a piece the window cuts is judged at its whole midpoint, up to a sample's coverage
     # outside the window: its signal may lie that far out, and up to `signal_stale_s` before
     stale = round(thresholds.signal_stale_s * 1000)
@@ -344,12 +408,14 @@ def _audit(
             findings=finding_rows,
             rolled_up_seconds=rolled,
             hourly=True,
+            cluster=cluster,
         )
         write_sm_rows(conn, run_id=run_id, rows=sm_rows)
         write_cause_rows(conn, run_id=run_id, rows=cause_rows)
     return AuditStats(
         run_id=run_id,
         window=audited,
+        cluster=cluster,
         gpus=n_gpus,
         samples=n_samples,
         tenures=len(tenures),

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from sqlalchemy import Connection
 
 from auditor.collect.dra import DraDevice, DraState
-from auditor.model import ExactAssignment, GpuRecord
+from auditor.model import DEFAULT_CLUSTER, ExactAssignment, GpuRecord
 
 SOURCE = "dra"
 
@@ -29,7 +29,13 @@ class DraWrite:
     """Claims with a pod the store does not hold or a device no slice seen names."""
 
 
-def write_cards(conn: Connection, devices: Iterable[DraDevice], *, file: str | None = None) -> int:
+def write_cards(
+    conn: Connection,
+    devices: Iterable[DraDevice],
+    *,
+    file: str | None = None,
+    cluster: str = DEFAULT_CLUSTER,
+) -> int:
     """Store the cards (and MIG instances with their card) the devices are; returns how
     many rows were offered. A card the store has on another node or as another model is
     refused as `upsert_gpus` refuses it (`GpuConflictError`)."""
@@ -39,7 +45,7 @@ def write_cards(conn: Connection, devices: Iterable[DraDevice], *, file: str | N
     for dev in devices:
         for rec in dev.records():
             records.setdefault(rec.uuid, rec)
-    upsert_gpus(conn, records.values(), file=file)
+    upsert_gpus(conn, records.values(), file=file, cluster=cluster)
     return len(records)
 
 

@@ -36,7 +36,7 @@ from auditor.jobs.audit import (
 )
 from auditor.jobs.common import open_store
 from auditor.jobs.imports import store_query_options
-from auditor.model import Window
+from auditor.model import DEFAULT_CLUSTER, Window
 from auditor.settings import Thresholds
 
 if TYPE_CHECKING:
@@ -82,6 +82,7 @@ def audit_from_store(
     nodes: Mapping[str, str] | None = None,
     chunk_samples: int = AUDIT_CHUNK_SAMPLES,
     now_ms: int | None = None,
+    cluster: str = DEFAULT_CLUSTER,
 ) -> FromStoreStats:
     """Audit `window` from the samples in the store at `samples_from` and store the run.
 
@@ -123,6 +124,7 @@ def audit_from_store(
             Window(start_ms - READ_MARGIN_MS, end_ms + READ_MARGIN_MS),
             labels=labels,
             given=given,
+            cluster=cluster,
         )
         if found.span is None:
             raise InputError(
@@ -131,6 +133,7 @@ def audit_from_store(
         period_ms = round(thresholds.default_period_s * 1000)
         span = Window(found.span[0], found.span[1] + period_ms)
         stats = _audit(
+            cluster,
             engine,
             audited,
             thresholds=thresholds,
@@ -191,6 +194,7 @@ def _discover(
     *,
     labels: tuple[str, ...],
     given: Mapping[str, str],
+    cluster: str = DEFAULT_CLUSTER,
 ) -> _Found:
     """Pass 1: the cards, their nodes and holdings over `reach` stored in one transaction
     (as `import prometheus` stores them), their minutes of memory in use kept."""
@@ -237,7 +241,7 @@ def _discover(
             )
             new = [g for g in chunk.gpus.values() if known.get(g.uuid) != g]
             if new:
-                ids.update(upsert_gpus(conn, new))
+                ids.update(upsert_gpus(conn, new, cluster=cluster))
                 known.update((g.uuid, g) for g in new)
             for s in chunk.samples:
                 lo = s.ts_ms if lo is None else min(lo, s.ts_ms)
@@ -251,7 +255,9 @@ def _discover(
                         if seen is None
                         else (min(seen[0], s.ts_ms), max(seen[1], s.ts_ms))
                     )
-            seen_pairs, left = resolve_holdings(conn, chunk.holdings, ids, slack_ms=step_ms)
+            seen_pairs, left = resolve_holdings(
+                conn, chunk.holdings, ids, slack_ms=step_ms, cluster=cluster
+            )
             upsert_assignments(conn, seen_pairs, source="dcgm-exporter")
             pairs.update((uid, gpu_id) for uid, gpu_id, _ in seen_pairs)
             unresolved += len(left)

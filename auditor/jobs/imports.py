@@ -18,6 +18,7 @@ from auditor.jobs.common import (
     open_store,
     read_ahead,
 )
+from auditor.model import DEFAULT_CLUSTER
 from auditor.settings import Config
 
 if TYPE_CHECKING:
@@ -41,8 +42,10 @@ def import_nvidia_smi(
     ignore_unknown_columns: bool = False,
     progress: Progress | None = None,
     columns: Sequence[str] | None = None,
+    cluster: str = DEFAULT_CLUSTER,
 ) -> ImportStats:
-    """Import one nvidia-smi CSV in one transaction: all of it, or nothing on bad input.
+    """Import one nvidia-smi CSV of a node of `cluster` in one transaction: all of it, or
+    nothing on bad input.
 
     The file is read a block of lines at a time, column by column, and each block goes to
     the store as one bulk write (`auditor.store.bulk`): no object per sample."""
@@ -63,7 +66,7 @@ def import_nvidia_smi(
     ids: dict[str, int] = {}
     lines: dict[str, int] = {}
     span: tuple[int, int] | None = None
-    options: dict[str, Any] = {"node": node, "tz": str(tz or UTC)}
+    options: dict[str, Any] = {"node": node, "tz": str(tz or UTC), **_cluster_option(cluster)}
     if columns is not None:
         options["columns"] = ",".join(columns)
     with engine.begin() as conn:
@@ -91,7 +94,14 @@ def import_nvidia_smi(
             new = [g for g in block.records if known.get(g.uuid) != g]
             if new:  # a GPU stored on another node or as another model: refused, rolled back
                 ids.update(
-                    upsert_gpus(conn, new, file=str(path), lines=lines, util_source="nvidia-smi")
+                    upsert_gpus(
+                        conn,
+                        new,
+                        file=str(path),
+                        lines=lines,
+                        util_source="nvidia-smi",
+                        cluster=cluster,
+                    )
                 )
                 known.update((g.uuid, g) for g in new)
             gpu_of = np.array([ids[r.uuid] for r in block.records], np.int64)
@@ -175,9 +185,14 @@ class PodImportStats:
 
 
 def import_pods(
-    url: str, path: Path, *, config: Config, progress: Progress | None = None
+    url: str,
+    path: Path,
+    *,
+    config: Config,
+    progress: Progress | None = None,
+    cluster: str = DEFAULT_CLUSTER,
 ) -> PodImportStats:
-    """Import one kubectl file (JSON or YAML: pod and node lists, pods, nodes, watch
+    """Import one kubectl file of `cluster` (JSON or YAML: pod and node lists, pods, nodes, watch
     streams; ResourceClaims and ResourceSlices) in one transaction: all of it, or nothing on
     bad input. Nodes are stamped with the file's modification time
     (`auditor.collect.kubectl_files`), and so are the pods still waiting to be scheduled in
@@ -203,7 +218,7 @@ def import_pods(
             conn,
             kind="pods",
             source=str(path.absolute()),
-            options={},
+            options=_cluster_option(cluster),
             now_ms=int(time.time() * 1000),
         )
         records = read_kubectl(
@@ -218,17 +233,21 @@ def import_pods(
                 elif isinstance(r, DraSlice):
                     dra.add_slice(r.devices)
             try:
-                upsert_pods(conn, pods)
-                upsert_nodes(conn, node_rows)
-                record_node_states(conn, [r["state"] for r in node_rows if "state" in r])
-                upsert_exact_assignments(conn, hami_assignments(pods), source="hami")
+                upsert_pods(conn, pods, cluster=cluster)
+                upsert_nodes(conn, node_rows, cluster=cluster)
+                record_node_states(
+                    conn, [r["state"] for r in node_rows if "state" in r], cluster=cluster
+                )
+                upsert_exact_assignments(
+                    conn, hami_assignments(pods), source="hami", cluster=cluster
+                )
             except InputError as e:  # a row no column holds: name the file it came from
                 if e.file is not None:
                     raise
                 raise InputError(e.message, file=str(path), field=e.field) from e
             rows += len(pods)
             nodes.update(r["name"] for r in node_rows)
-        write_cards(conn, dra.devices.values(), file=str(path))
+        write_cards(conn, dra.devices.values(), file=str(path), cluster=cluster)
         written = write_holds(conn, dra)
         ledger.finish(conn, import_id, rows_written=rows)
     return PodImportStats(
@@ -308,6 +327,7 @@ def import_prometheus(
     timeout_s: float = 60.0,
     node_labels: Sequence[str] | None = None,
     nodes: Mapping[str, str] | None = None,
+    cluster: str = DEFAULT_CLUSTER,
 ) -> PrometheusImportStats:
     """Import dcgm-exporter samples and pod labels of a window in one transaction.
 
@@ -371,6 +391,7 @@ def import_prometheus(
                 "step_s": step_s,
                 **({"node": dict(sorted(given.items()))} if given else {}),
                 **({"node_label": list(labels)} if node_labels is not None else {}),
+                **_cluster_option(cluster),
             },
             now_ms=int(time.time() * 1000),
         )
@@ -378,7 +399,9 @@ def import_prometheus(
         stored = {str(u): str(n) for u, n in conn.execute(select(gpus.c.uuid, gpus.c.node))}
         resolver = NodeResolver(labels, given=given, stored=stored)
         card_ids = {str(u): int(i) for u, i in conn.execute(select(gpus.c.uuid, gpus.c.id))}
-        tenures = pods_in_window(conn, start_ms=start_ms - step_ms, end_ms=end_ms + step_ms)
+        tenures = pods_in_window(
+            conn, start_ms=start_ms - step_ms, end_ms=end_ms + step_ms, cluster=cluster
+        )
         selector = pod_selector(tenures) if tenures else None
         for done, (first_ms, last_ms) in enumerate(parts, 1):
             chunk = read_chunk(
@@ -388,7 +411,7 @@ def import_prometheus(
                 node_of.setdefault(uuid, source)
             new = [g for g in chunk.gpus.values() if known.get(g.uuid) != g]
             if new:
-                ids.update(upsert_gpus(conn, new))
+                ids.update(upsert_gpus(conn, new, cluster=cluster))
                 known.update((g.uuid, g) for g in new)
             batch = _chunk_columns(chunk.cards, ids)
             if len(batch):  # one bulk write of the chunk's columns
@@ -396,7 +419,9 @@ def import_prometheus(
                 offered += len(batch)
                 lo, hi = int(batch.ts_ms.min()), int(batch.ts_ms.max())
                 span = (lo, hi) if span is None else (min(span[0], lo), max(span[1], hi))
-            seen, left = resolve_holdings(conn, chunk.holdings, ids, slack_ms=step_ms)
+            seen, left = resolve_holdings(
+                conn, chunk.holdings, ids, slack_ms=step_ms, cluster=cluster
+            )
             upsert_assignments(conn, seen, source="dcgm-exporter")
             pairs.update((uid, gpu_id) for uid, gpu_id, _ in seen)
             unresolved += len(left)
@@ -553,3 +578,9 @@ def _counts(values: Iterable[str]) -> dict[str, int]:
     from collections import Counter
 
     return dict(Counter(values).most_common())
+
+
+def _cluster_option(cluster: str) -> dict[str, str]:
+    """The ledger's record of an import's cluster: none for the default one, so the ledger
+    of a store of one cluster reads as before."""
+    return {} if cluster == DEFAULT_CLUSTER else {"cluster": cluster}

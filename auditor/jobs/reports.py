@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from auditor.errors import InputError
 from auditor.jobs.common import iso, open_store
-from auditor.model import RunSlice, Window
+from auditor.model import DEFAULT_CLUSTER, RunSlice, Window
 from auditor.settings import Config, Thresholds
 
 if TYPE_CHECKING:
@@ -27,10 +27,38 @@ if TYPE_CHECKING:
 def covering_runs(
     runs: pd.DataFrame, *, start_ms: int, end_ms: int, what: str, flags: bool = True
 ) -> list[int | RunSlice]:
-    """The stored runs, or hours of runs (SPEC §11), that cover [start, end) exactly once;
-    an error names what is missing, or the whole hours to ask for instead (as `--start` and
+    """The stored runs, or hours of runs (SPEC §11), that cover [start, end) exactly once
+    for each cluster they are of; an error names what is missing (and of which cluster,
+    where they are of several), or the whole hours to ask for instead (as `--start` and
     `--end` where `flags`, else as START..END)."""
+    if "cluster" not in runs.columns or runs["cluster"].nunique() <= 1:
+        return _covering(runs, start_ms=start_ms, end_ms=end_ms, what=what, flags=flags)
+    parts: list[int | RunSlice] = []
+    for name, mine in runs.groupby("cluster", sort=True):
+        parts += _covering(
+            mine,
+            start_ms=start_ms,
+            end_ms=end_ms,
+            what=f"{what} of cluster {name}",
+            flags=flags,
+            cluster=str(name),
+        )
+    return parts
+
+
+def _covering(
+    runs: pd.DataFrame,
+    *,
+    start_ms: int,
+    end_ms: int,
+    what: str,
+    flags: bool,
+    cluster: str | None = None,
+) -> list[int | RunSlice]:
+    """`covering_runs` of runs of one cluster (named in the audit it asks for, if given)."""
     from auditor.report.windows import choose_slices
+
+    named = "" if cluster is None else f" --cluster {cluster}"
 
     choice = choose_slices(runs, start_ms=start_ms, end_ms=end_ms)
     if choice.off_grid is not None:
@@ -44,7 +72,7 @@ def covering_runs(
         a, b = choice.unsplit
         raise InputError(
             f"{what} cuts the run of {iso(a)} to {iso(b)}, stored before results were kept "
-            f"per hour: run `auditor audit --start {iso(a)} --end {iso(b)}` again",
+            f"per hour: run `auditor audit{named} --start {iso(a)} --end {iso(b)}` again",
             field="window",
         )
     if choice.incomplete:
@@ -58,7 +86,7 @@ def covering_runs(
         a, b = choice.missing[0]
         raise InputError(
             f"{what} is not fully audited: nothing covers {iso(a)} to {iso(b)}; "
-            f"run `auditor audit --start {iso(a)} --end {iso(b)}`",
+            f"run `auditor audit{named} --start {iso(a)} --end {iso(b)}`",
             field="window",
         )
     return choice.parts
@@ -72,13 +100,15 @@ def build_report(
     by: GroupBy,
     team: str | None,
     top: int = 3,
+    cluster: str | None = None,
 ) -> Report:
-    """Read stored audit results for a window (default: the latest audited) into a Report."""
+    """Read stored audit results for a window (default: the latest audited) into a Report:
+    of `cluster` alone, or of every cluster audited where None (SPEC §11)."""
     engine = open_store(url)
     try:
         with engine.connect() as conn:
             report, _ = _read_report(
-                conn, start_ms=start_ms, end_ms=end_ms, by=by, team=team, top=top
+                conn, start_ms=start_ms, end_ms=end_ms, by=by, team=team, top=top, cluster=cluster
             )
     finally:
         engine.dispose()
@@ -94,6 +124,7 @@ def _read_report(
     team: str | None,
     top: int,
     waits: bool = True,
+    cluster: str | None = None,
 ) -> tuple[Report, pd.DataFrame]:
     """The Report of `build_report`, and the stored results it was made of (of `team` only,
     when given). `waits`: with the jobs' queue waits (the pods read once more)."""
@@ -105,8 +136,9 @@ def _read_report(
     from auditor.report.offenders import STRAGGLER_COLUMNS, stragglers, top_offenders
     from auditor.report.render import Report
     from auditor.report.summary import (
-        GROUP_COLUMNS,
         GroupBy,
+        group_keys,
+        node_count,
         nodes_without_pods,
         summarise,
         totals,
@@ -122,10 +154,11 @@ def _read_report(
 
     per_output_groups = (GroupBy.JOB, GroupBy.TEAM)
 
-    runs = reads.runs_in_window(conn, start_ms=start_ms, end_ms=end_ms)
+    runs = reads.runs_in_window(conn, start_ms=start_ms, end_ms=end_ms, cluster=cluster)
     if runs.empty:
+        of = "" if cluster is None else f" of cluster {cluster}"
         raise InputError(
-            "no audit results for this window: run `auditor audit` first", field="window"
+            f"no audit results{of} for this window: run `auditor audit` first", field="window"
         )
     window = Window(  # without bounds, the latest audited window, whole
         int(runs["window_start_ms"].min()) if start_ms is None else start_ms,
@@ -146,9 +179,9 @@ def _read_report(
     rows = summarise(results, by=by, team=team, split=split)
     queue = job_waits(pd.DataFrame(), pd.DataFrame(), pd.DataFrame())
     if waits:  # queue waste and half-starts, from the pods (SPEC §10)
-        every_pod = reads.read_pods(conn)
+        every_pod = reads.read_pods(conn, cluster=cluster)
         queue = job_waits(
-            read_queue_waits(conn, window=window),
+            read_queue_waits(conn, window=window, cluster=cluster),
             gang_half_starts(_bound_in(every_pod, window)),
             every_pod,
         )
@@ -168,7 +201,7 @@ def _read_report(
         ].drop_duplicates("gpu")
         rows = rows.merge(source, on="gpu", how="left")
         rows.insert(list(rows.columns).index("gpu") + 1, "util_source", rows.pop("util_source"))
-    keys = GROUP_COLUMNS[by]
+    keys = group_keys(by, results)
     rows = sm_by(sm if team is None else sm[sm["team"] == team], rows, keys)
     if produced is not None:
         mine = produced if team is None else produced[produced["team"] == team]
@@ -183,7 +216,7 @@ def _read_report(
         offenders=top_offenders(scope, findings, top=top, split=split),
         rolled_up_seconds=rolled,
         util_sources={str(k): int(v) for k, v in cards.value_counts().items()},
-        nodes=int(scope["node"].nunique()),
+        nodes=node_count(scope),
         nodes_without_pods=nodes_without_pods(scope),
         unjoined_cards=unjoined_cards(scope),
         waited=longest_waits(queue),
@@ -210,39 +243,69 @@ class _Holdings:
     tenures: pd.DataFrame
 
 
-def _read_holdings(conn: Connection, *, target: str | None = None) -> _Holdings:
-    """Every pod and card, and the tenures of every pod, or with `target` only of the pods
-    on the nodes its gangs ran on (all that explaining it needs: its gangs' cards and their
-    other tenants)."""
+def _read_holdings(
+    conn: Connection, *, target: str | None = None, cluster: str = DEFAULT_CLUSTER
+) -> _Holdings:
+    """Every pod and card of `cluster`, and the tenures of every pod, or with `target` only
+    of the pods on the nodes its gangs ran on (all that explaining it needs: its gangs'
+    cards and their other tenants)."""
     from auditor.report.targets import resolve_target
     from auditor.store import reads
     from auditor.store.placement import held_tenures
     from auditor.store.rollup import rollup_span
 
-    span = reads.sample_span(conn) or rollup_span(conn)
+    span = reads.sample_span(conn, cluster=cluster) or rollup_span(conn, cluster=cluster)
     now_ms = span[1] if span else int(time.time() * 1000)
     window = (span[0], now_ms) if span else (now_ms, now_ms)
     on_nodes = None
     if target is not None:
-        pods = reads.read_pods(conn)
+        pods = reads.read_pods(conn, cluster=cluster)
         _, uids = resolve_target(pods, target)
         gang = pods["gang"].fillna(pods["uid"])
         mates = gang.isin(set(gang[pods["uid"].isin(uids)]))
         on_nodes = set(pods.loc[mates, "node"].dropna().astype(str))
-    pods, gpus, tenures = held_tenures(conn, now_ms=now_ms, window=window, on_nodes=on_nodes)
+    pods, gpus, tenures = held_tenures(
+        conn, now_ms=now_ms, window=window, on_nodes=on_nodes, cluster=cluster
+    )
     return _Holdings(pods, gpus, tenures)
 
 
-def explain(url: str, target: str, *, thresholds: Thresholds, buckets: int = 600) -> Explanation:
+def target_cluster(conn: Connection, target: str) -> str:
+    """The cluster a job or pod runs in: an error naming them where a name is in several
+    (SPEC §11: explain it with `--cluster`), or where none has it."""
+    from auditor.report.targets import resolve_target
+    from auditor.store import reads
+
+    pods = reads.read_pods(conn)
+    _, uids = resolve_target(pods, target)
+    found = sorted(set(pods.loc[pods["uid"].isin(uids), "cluster"].astype(str)))
+    if len(found) > 1:
+        raise InputError(
+            f"{target!r} is in clusters {', '.join(found)}: name one with --cluster",
+            field="--cluster",
+        )
+    return found[0]
+
+
+def explain(
+    url: str,
+    target: str,
+    *,
+    thresholds: Thresholds,
+    buckets: int = 600,
+    cluster: str | None = None,
+) -> Explanation:
     """Each card of a job or pod over its whole tenure: timeline, findings, next steps.
 
     Classifies the target's gang(s) afresh from the stored samples (no audit run needed), so
     the totals are the classifier's for exactly the span the target held its cards, and the
-    timelines are drawn from the same classification's pieces."""
+    timelines are drawn from the same classification's pieces. `cluster`: the cluster it
+    runs in (None: the one whose pods have its name)."""
     engine = open_store(url)
     try:
         with engine.connect() as conn:
-            held = _read_holdings(conn, target=target)
+            of = target_cluster(conn, target) if cluster is None else cluster
+            held = _read_holdings(conn, target=target, cluster=of)
             return _explain(conn, held, target, thresholds=thresholds, buckets=buckets)
     finally:
         engine.dispose()
@@ -339,6 +402,7 @@ def build_report_html(
     thresholds: Thresholds,
     timelines: int = 8,
     policies: Sequence[Policy] = (),
+    cluster: str | None = None,
 ) -> str:
     """The report as one HTML page, with the per-card utilisation and the timelines of the
     `timelines` jobs that lead the offenders table, and with `policies` the idle policies
@@ -353,7 +417,14 @@ def build_report_html(
         with engine.connect() as conn:
             # the page reads the pods once, for the timelines; it shows no queue waits
             report, results = _read_report(
-                conn, start_ms=start_ms, end_ms=end_ms, by=by, team=team, top=3, waits=False
+                conn,
+                start_ms=start_ms,
+                end_ms=end_ms,
+                by=by,
+                team=team,
+                top=3,
+                waits=False,
+                cluster=cluster,
             )
             off = report.offenders.sort_values("gpu_hours", ascending=False, kind="stable")
             offenders = [
@@ -362,16 +433,36 @@ def build_report_html(
                 if isinstance(t, str) and str(o).count("/") == 2
             ]
             shown: list[Explanation] = []
-            held = _read_holdings(conn) if offenders else None
+            # who held what, once per cluster the report is of: an offender's timeline is
+            # drawn from the first cluster that has its pods
+            helds = (
+                [_read_holdings(conn, cluster=c) for c in sorted(set(results["cluster"]))]
+                if offenders
+                else []
+            )
             for target in dict.fromkeys(offenders):
-                if held is None or len(shown) >= timelines:
+                if not helds or len(shown) >= timelines:
                     break
-                try:
-                    shown.append(_explain(conn, held, target, thresholds=thresholds, buckets=200))
-                except InputError:
-                    continue  # a job whose pods are gone from the store: no timeline to draw
+                for held in helds:
+                    try:
+                        shown.append(
+                            _explain(conn, held, target, thresholds=thresholds, buckets=200)
+                        )
+                        break
+                    except InputError:
+                        continue  # pods gone from the store, or another cluster's job
+            if policies and results["cluster"].nunique() > 1:
+                raise InputError(
+                    "--policy replays one cluster: add --cluster NAME", field="--policy"
+                )
             replayed = (
-                replay_stored(conn, policies=policies, window=report.window, thresholds=thresholds)
+                replay_stored(
+                    conn,
+                    policies=policies,
+                    window=report.window,
+                    thresholds=thresholds,
+                    cluster=str(results["cluster"].iloc[0]) if len(results) else DEFAULT_CLUSTER,
+                )
                 if policies
                 else None
             )
@@ -382,10 +473,16 @@ def build_report_html(
 
 
 def export_finance(
-    url: str, *, week: str, config: Config, warn: Callable[[str], None] | None = None
+    url: str,
+    *,
+    week: str,
+    config: Config,
+    warn: Callable[[str], None] | None = None,
+    cluster: str | None = None,
 ) -> str:
-    """The finance CSV of one ISO week, from the stored audit runs that cover it exactly.
-    `warn` hears of GPU models without a price (their cost columns are 0.00)."""
+    """The finance CSV of one ISO week, from the stored audit runs that cover it exactly
+    (of `cluster`, or of every cluster audited; each row names its cluster). `warn` hears of
+    GPU models without a price (their cost columns are 0.00)."""
     from auditor.report.finance import (
         finance_rows,
         parse_week,
@@ -398,7 +495,7 @@ def export_finance(
     wk = parse_week(week)
     engine = open_store(url)
     with engine.connect() as conn:
-        runs = reads.runs_in_window(conn, start_ms=wk.start_ms, end_ms=wk.end_ms)
+        runs = reads.runs_in_window(conn, start_ms=wk.start_ms, end_ms=wk.end_ms, cluster=cluster)
         run_ids = covering_runs(
             runs, start_ms=wk.start_ms, end_ms=wk.end_ms, what=f"week {wk.label}"
         )

@@ -8,13 +8,16 @@ from typing import Any
 
 from auditor.errors import AuditorError, InputError
 from auditor.jobs.common import open_store
+from auditor.model import DEFAULT_CLUSTER
 from auditor.settings import Config, SampleOptions, WatchOptions
 
 __all__ = ["SampleOptions", "WatchOptions", "restored_streaks", "sample", "watch"]
 """The options are declared in `auditor.settings`, with their defaults; here they run."""
 
 
-def restored_streaks(url: str, *, node: str, idle_threshold_pct: float) -> dict[Any, int]:
+def restored_streaks(
+    url: str, *, node: str, idle_threshold_pct: float, cluster: str = DEFAULT_CLUSTER
+) -> dict[Any, int]:
     """Where each held card of the node began its idle stretch, by the store; nothing (and a
     warning) where the store cannot be read: the streaks then start afresh."""
     import logging
@@ -26,7 +29,9 @@ def restored_streaks(url: str, *, node: str, idle_threshold_pct: float) -> dict[
         try:
             with engine.connect() as conn:
                 return dict(
-                    idle_streak_starts(conn, node=node, idle_threshold_pct=idle_threshold_pct)
+                    idle_streak_starts(
+                        conn, node=node, idle_threshold_pct=idle_threshold_pct, cluster=cluster
+                    )
                 )
         finally:
             engine.dispose()
@@ -73,7 +78,10 @@ def sample(url: str, options: SampleOptions, *, log: Callable[[str], None]) -> N
         node=options.node,
         idle_threshold_pct=options.idle_threshold_pct,
         restored=restored_streaks(
-            url, node=options.node, idle_threshold_pct=options.idle_threshold_pct
+            url,
+            node=options.node,
+            idle_threshold_pct=options.idle_threshold_pct,
+            cluster=options.cluster,
         )
         if holders is not None
         else None,
@@ -81,7 +89,7 @@ def sample(url: str, options: SampleOptions, *, log: Callable[[str], None]) -> N
     sampler = Sampler(
         reader=reader,
         holders=holders,
-        sink=StoreSink(lambda: open_store(url)),
+        sink=StoreSink(lambda: open_store(url), cluster=options.cluster),
         buffer=buffer,
         metrics=metrics,
         settings=SamplerSettings(period_s=options.period_s, flush_every_s=options.flush_every_s),
@@ -166,7 +174,7 @@ def watch(
     )
     from auditor.jobs.watch_dra import DraSink, WatchedDra
 
-    dra = WatchedDra(engine) if dra_version is not None else None
+    dra = WatchedDra(engine, cluster=options.cluster) if dra_version is not None else None
     pod_sink = PodSink(
         engine,
         scope=pod_source.scope,
@@ -175,6 +183,7 @@ def watch(
         on_skip=lambda reason: metrics.skipped("pods", reason),
         sharing=config.sharing,
         after=dra.retry if dra is not None else None,
+        cluster=options.cluster,
     )
     pairs: list[tuple[kube.KubeSource, Any]] = [(pod_source, pod_sink)]
     if dra is not None and dra_version is not None:
@@ -188,6 +197,7 @@ def watch(
             engine,
             scope=node_source.scope,
             on_skip=lambda reason: metrics.skipped("nodes", reason),
+            cluster=options.cluster,
         )
         pairs.append((node_source, node_sink))
     loop = LoopOptions(watch_timeout_s=options.watch_timeout_s)

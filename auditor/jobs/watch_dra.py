@@ -26,6 +26,7 @@ from auditor.collect.dra import DraDevice, DraState, read_claim, read_slice
 from auditor.errors import InputError
 from auditor.jobs.dra import write_cards, write_holds
 from auditor.jobs.watch_sinks import CHANGES, Skip, _describe, _StoreSink
+from auditor.model import DEFAULT_CLUSTER
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection, Engine
@@ -36,8 +37,10 @@ log = logging.getLogger("auditor.watch")
 class WatchedDra:
     """What the claim and slice loops have seen, shared by them and the pod sink."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, *, cluster: str = DEFAULT_CLUSTER) -> None:
         self.engine = engine
+        self.cluster = cluster
+        """The cluster watched: the cards its slices name are its."""
         self.state = DraState()
         self.pending: set[str] = set()
         self.gone: set[str] = set()
@@ -116,7 +119,7 @@ class DraSink(_StoreSink):
         for obj, found in devices:  # each slice on its own: a refused card is that slice's
             try:
                 with transaction(self.engine) as conn:
-                    write_cards(conn, found)
+                    write_cards(conn, found, cluster=self.shared.cluster)
             except InputError as e:
                 self._skip(_describe(obj, kind=what), e, reason="unstorable")
                 continue

@@ -34,7 +34,7 @@ from auditor.collect.pod_records import pod_record
 from auditor.collect.selectors import matcher
 from auditor.collect.shares import hami_assignments
 from auditor.errors import InputError, StoreError, shown
-from auditor.model import PodRecord
+from auditor.model import DEFAULT_CLUSTER, PodRecord
 from auditor.settings import Sharing, TeamRules
 from auditor.store.bounds import RowError, check_row, is_data_error
 from auditor.store.connection import transaction
@@ -91,9 +91,19 @@ Skip = Callable[[str], None]
 
 
 class _StoreSink:
-    def __init__(self, engine: Engine, *, scope: str, on_skip: Skip | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        scope: str,
+        on_skip: Skip | None = None,
+        cluster: str = DEFAULT_CLUSTER,
+    ) -> None:
         self.engine = engine
-        self.scope = scope
+        self.cluster = cluster
+        """The cluster watched: its pods and nodes are written, and only its are closed."""
+        self.scope = scope if cluster == DEFAULT_CLUSTER else f"{cluster}:{scope}"
+        """The cursor's key: a watcher of another cluster resumes from its own."""
         self.on_skip: Skip = on_skip or (lambda _reason: None)
 
     def _skip(self, what: str, error: object, *, reason: str) -> None:
@@ -173,8 +183,9 @@ class PodSink(_StoreSink):
         on_skip: Skip | None = None,
         sharing: Sharing | None = None,
         after: Callable[[], None] | None = None,
+        cluster: str = DEFAULT_CLUSTER,
     ) -> None:
-        super().__init__(engine, scope=scope, on_skip=on_skip)
+        super().__init__(engine, scope=scope, on_skip=on_skip, cluster=cluster)
         self.after = after
         """Called after each write (the DRA claims waiting for their pods: `watch_dra`)."""
         self.teams = teams
@@ -215,12 +226,16 @@ class PodSink(_StoreSink):
         listed = {r.uid for r in records} | {u for u in map(_uid, items) if u is not None}
         records, gone = self._commit(
             records,
-            _write_pods,
+            self._write_pods,
             _describe_record,
             resource_version=resource_version,
             at_ms=at_ms,
             then=lambda conn: close_missing_pods(
-                conn, listed_uids=listed, at_ms=at_ms, in_scope=self.in_scope
+                conn,
+                listed_uids=listed,
+                at_ms=at_ms,
+                in_scope=self.in_scope,
+                cluster=self.cluster,
             ),
         )
         self._waits_seen_ms = at_ms
@@ -252,7 +267,7 @@ class PodSink(_StoreSink):
         refresh = at_ms - self._waits_seen_ms >= WAIT_REFRESH_MS
         records, _ = self._commit(
             records,
-            _write_pods,
+            self._write_pods,
             _describe_record,
             resource_version=resource_version,
             at_ms=at_ms,
@@ -269,7 +284,7 @@ class PodSink(_StoreSink):
         scheduled is seen waiting at `at_ms` (its wait is known to last until then)."""
         from auditor.store.writes import touch_waiting_pods
 
-        return touch_waiting_pods(conn, at_ms=at_ms, in_scope=self.in_scope)
+        return touch_waiting_pods(conn, at_ms=at_ms, in_scope=self.in_scope, cluster=self.cluster)
 
     @staticmethod
     def _known_deletions(conn: Connection, events: list[Event]) -> dict[str | None, int]:
@@ -283,13 +298,14 @@ class PodSink(_StoreSink):
         found = known_deletions(conn, [u for u in uids if u is not None])
         return {uid: ms for uid, ms in found.items()}
 
+    def _write_pods(self, conn: Connection, records: list[PodRecord]) -> None:
+        """Pods, and the cards HAMi's annotation names for them (SPEC §7)."""
+        from auditor.store.writes import upsert_exact_assignments, upsert_pods
 
-def _write_pods(conn: Connection, records: list[PodRecord]) -> None:
-    """Pods, and the cards HAMi's annotation names for them (SPEC §7)."""
-    from auditor.store.writes import upsert_exact_assignments, upsert_pods
-
-    upsert_pods(conn, records)
-    upsert_exact_assignments(conn, hami_assignments(records), source="hami")
+        upsert_pods(conn, records, cluster=self.cluster)
+        upsert_exact_assignments(
+            conn, hami_assignments(records), source="hami", cluster=self.cluster
+        )
 
 
 class NodeSink(_StoreSink):
@@ -321,21 +337,20 @@ class NodeSink(_StoreSink):
     def _write(self, rows: list[dict[str, Any]], resource_version: str, at_ms: int) -> int:
         rows, _ = self._commit(
             rows,
-            _write_nodes,
+            self._write_nodes,
             lambda r: f"node {shown(r.get('name'), 80)}",
             resource_version=resource_version,
             at_ms=at_ms,
         )
         return len(rows)
 
+    def _write_nodes(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
+        """Nodes' latest views, and the outages each observation shows (SPEC §10)."""
+        from auditor.store.outages import record_node_states
+        from auditor.store.writes import upsert_nodes
 
-def _write_nodes(conn: Connection, rows: list[dict[str, Any]]) -> None:
-    """Nodes' latest views, and the outages each observation shows (SPEC §10)."""
-    from auditor.store.outages import record_node_states
-    from auditor.store.writes import upsert_nodes
-
-    upsert_nodes(conn, rows)
-    record_node_states(conn, [r["state"] for r in rows if "state" in r])
+        upsert_nodes(conn, rows, cluster=self.cluster)
+        record_node_states(conn, [r["state"] for r in rows if "state" in r], cluster=self.cluster)
 
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from auditor.errors import InputError
 from auditor.jobs.audit import AUDIT_CHUNK_SAMPLES, READ_MARGIN_MS
 from auditor.jobs.common import open_store
-from auditor.model import Window
+from auditor.model import DEFAULT_CLUSTER, Window
 from auditor.settings import Thresholds
 
 if TYPE_CHECKING:
@@ -29,21 +29,29 @@ def whatif(
     policies: Sequence[Policy],
     window: tuple[int, int] | None,
     thresholds: Thresholds,
+    cluster: str | None = None,
 ) -> WhatIf:
-    """Each policy replayed over `window` (default: every stored sample)."""
-    from auditor.jobs.audit import data_window
+    """Each policy replayed over `window` (default: every stored sample) in one cluster
+    (None: the one the store holds; an error naming them where it holds several)."""
+    from auditor.jobs.audit import data_window, only_cluster
 
     if not policies:
         raise InputError("give at least one --policy, e.g. --policy 'idle>=2h'", field="--policy")
+    if cluster is None:
+        cluster = only_cluster(url)
     if window is None:
-        window = data_window(url, period_s=thresholds.default_period_s)
+        window = data_window(url, period_s=thresholds.default_period_s, cluster=cluster)
     if window[1] <= window[0]:
         raise InputError("the window ends before it starts", field="--end")
     engine = open_store(url)
     try:
         with engine.connect() as conn:
             return replay_stored(
-                conn, policies=policies, window=Window(*window), thresholds=thresholds
+                conn,
+                policies=policies,
+                window=Window(*window),
+                thresholds=thresholds,
+                cluster=cluster,
             )
     finally:
         engine.dispose()
@@ -56,8 +64,10 @@ def replay_stored(
     window: Window,
     thresholds: Thresholds,
     chunk_samples: int = AUDIT_CHUNK_SAMPLES,
+    cluster: str = DEFAULT_CLUSTER,
 ) -> WhatIf:
-    """`whatif` on an open connection (the HTML report reads its section through this).
+    """`whatif` of `cluster` on an open connection (the HTML report reads its section
+    through this).
 
     As the audit does, whole nodes are classified together with the cards of their gangs on
     other nodes, as many nodes per chunk as keep its samples within `chunk_samples`; each
@@ -79,10 +89,10 @@ def replay_stored(
     from auditor.store.placement import held_tenures
     from auditor.store.rollup import read_rolled_card_samples, rollup_span
 
-    found_span = reads.sample_span(conn) or rollup_span(conn)
+    found_span = reads.sample_span(conn, cluster=cluster) or rollup_span(conn, cluster=cluster)
     # a pod still holding its card holds it to the data's end
     now_ms = found_span[1] if found_span else window[1]
-    pods, gpus, tenures = held_tenures(conn, now_ms=now_ms, window=window)
+    pods, gpus, tenures = held_tenures(conn, now_ms=now_ms, window=window, cluster=cluster)
     over = in_play(tenures, window)
     gpu_ids = {str(u): int(i) for u, i in zip(gpus["uuid"], gpus["id"], strict=True)}
     uuids = {i: u for u, i in gpu_ids.items()}

@@ -1,4 +1,5 @@
-"""The weekly finance CSV (SPEC §4): one row per team × GPU model, plus the platform's rows.
+"""The weekly finance CSV (SPEC §4): one row per team × cluster × GPU model, plus the
+platform's rows.
 
 Hours carry 4 decimals and money 2. Each column is rounded by the largest-remainder method,
 so a column of the file sums exactly to the rounded total of the same column unrounded: the
@@ -19,7 +20,13 @@ import numpy as np
 import pandas as pd
 
 from auditor import timespec
-from auditor.model import CATEGORIES, PLATFORM_TEAM, SCHEDULING_WASTE, WasteCategory
+from auditor.model import (
+    CATEGORIES,
+    DEFAULT_CLUSTER,
+    PLATFORM_TEAM,
+    SCHEDULING_WASTE,
+    WasteCategory,
+)
 from auditor.report.causes import CAUSE_COLUMNS, CAUSE_HOUR_COLUMNS, cause_columns, complete_causes
 from auditor.report.text import csv_cell
 from auditor.settings import Prices
@@ -31,11 +38,17 @@ COLUMNS = [
     "compute_idle_gpu_hours", "unobserved_gpu_hours", "unallocated_gpu_hours",
     "scheduling_waste_gpu_hours", "price_per_gpu_hour", "allocated_cost",
     "scheduling_waste_cost", "compute_idle_cost", "currency",
-    *CAUSE_COLUMNS,
+    *CAUSE_COLUMNS, "cluster",
 ]  # fmt: skip
-"""The causes inside `compute_idle` and `unallocated` (SPEC §10) come last, so that a
-sheet reading the earlier columns by position reads them as before."""
-TEXT_COLUMNS = ("week", "week_start", "week_end", "team", "cost_centre", "gpu_model", "currency")
+"""The causes inside `compute_idle` and `unallocated` (SPEC §10), then the cluster (SPEC
+§11), come last, so that a sheet reading the earlier columns by position reads them as
+before."""
+TEXT_COLUMNS = (
+    "week", "week_start", "week_end", "team", "cost_centre", "gpu_model", "currency", "cluster",
+)  # fmt: skip
+KEYS = ["team", "cluster", "gpu_model"]
+"""One row per team, cluster and GPU model: a team running in two clusters is charged in
+each."""
 HOURS_DECIMALS = 4
 MONEY_DECIMALS = 2
 PRICE_DECIMALS = 4
@@ -85,15 +98,18 @@ def finance_rows(
     cost_centres: dict[str, str],
     causes: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
-    """One row per team × GPU model, platform rows last; numbers rounded (text is made safe
-    when rendered). `causes`: the runs' stored cause rows (`auditor.report.causes`)."""
+    """One row per team × cluster × GPU model, platform rows last; numbers rounded (text is
+    made safe when rendered). `causes`: the runs' stored cause rows
+    (`auditor.report.causes`)."""
+    if "cluster" not in results.columns:
+        results = results.assign(cluster=DEFAULT_CLUSTER)
     frame = results.assign(
         team=results["team"].where(results["pod_uid"].notna(), PLATFORM_TEAM),
         gpu_model=results["gpu_model"].fillna(UNKNOWN_MODEL),
         hours=results["seconds"] / 3600.0,
     )
     hours = frame.pivot_table(
-        index=["team", "gpu_model"],
+        index=KEYS,
         columns="category",
         values="hours",
         aggfunc="sum",
@@ -105,8 +121,8 @@ def finance_rows(
     hours = hours.reset_index()
     platform = hours["team"] == PLATFORM_TEAM
     hours["_platform"] = platform.astype(int)
-    hours = hours.sort_values(["_platform", "team", "gpu_model"]).reset_index(drop=True)
-    out = pd.DataFrame({"team": hours["team"], "gpu_model": hours["gpu_model"]})
+    hours = hours.sort_values(["_platform", *KEYS]).reset_index(drop=True)
+    out = pd.DataFrame({k: hours[k] for k in KEYS})
     for cat in CATEGORIES:
         out[f"{cat.value}_gpu_hours"] = round_column(hours[cat.value].to_numpy(), HOURS_DECIMALS)
     # teams are charged what their pods held; the platform the capacity no pod held
@@ -134,8 +150,8 @@ def finance_rows(
         team=split["team"].where(split["pod_uid"].notna(), PLATFORM_TEAM),
         gpu_model=split["gpu_model"].fillna(UNKNOWN_MODEL),
     )
-    keys = pd.MultiIndex.from_frame(out[["team", "gpu_model"]])
-    by_cause = cause_columns(split, ["team", "gpu_model"], keys)
+    keys = pd.MultiIndex.from_frame(out[KEYS])
+    by_cause = cause_columns(split, KEYS, keys)
     for col in CAUSE_COLUMNS:
         values = by_cause[col].to_numpy(dtype=float)
         out[col] = (

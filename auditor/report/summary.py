@@ -15,6 +15,7 @@ from auditor.model import GroupBy as GroupBy  # noqa: PLC0414 - re-exported: cal
 from auditor.report.causes import cause_columns, complete_causes
 
 GROUP_COLUMNS: dict[GroupBy, list[str]] = {
+    GroupBy.CLUSTER: ["cluster"],
     GroupBy.TEAM: ["team"],
     GroupBy.NAMESPACE: ["namespace"],
     GroupBy.JOB: ["team", "namespace", "job"],
@@ -24,6 +25,25 @@ GROUP_COLUMNS: dict[GroupBy, list[str]] = {
 }
 
 HOURS_COLUMNS = [f"{c}_gpu_hours" for c in CATEGORIES]
+
+NAMED_IN_CLUSTER = (GroupBy.NODE, GroupBy.GPU)
+"""Groupings whose names are unique only inside a cluster (two clusters may both have a
+node `gpu-1`): with results of several clusters their rows are per cluster too."""
+
+
+def group_keys(by: GroupBy, results: pd.DataFrame) -> list[str]:
+    """The columns rows `by` are keyed on: `GROUP_COLUMNS`, with the cluster first for a
+    node or card of results from more than one cluster (SPEC §11)."""
+    keys = GROUP_COLUMNS[by]
+    several = "cluster" in results.columns and results["cluster"].nunique() > 1
+    return ["cluster", *keys] if by in NAMED_IN_CLUSTER and several else list(keys)
+
+
+def node_count(results: pd.DataFrame) -> int:
+    """Distinct nodes of the results: a node name is one node per cluster."""
+    if "cluster" not in results.columns:
+        return int(results["node"].nunique())
+    return len(results[["cluster", "node"]].drop_duplicates())
 
 
 def with_platform(results: pd.DataFrame) -> pd.DataFrame:
@@ -95,7 +115,7 @@ def summarise(
     if by is GroupBy.GPU:  # a MIG instance is a part of its physical card
         frame = frame.assign(gpu=frame["card"])
         split = split.assign(gpu=split["card"])
-    keys = GROUP_COLUMNS[by]
+    keys = group_keys(by, frame)
     hours = frame.assign(hours=frame["seconds"] / 3600.0).pivot_table(
         index=keys, columns="category", values="hours", aggfunc="sum", fill_value=0.0
     )

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import Connection, insert, select, update
 
-from auditor.model import NodeState
+from auditor.model import DEFAULT_CLUSTER, NodeState
 from auditor.store.schema import node_outages
 
 _CHUNK = 500
@@ -42,9 +42,11 @@ class _Span:
         return self.end is None or self.start == start or self.start <= start < self.end
 
 
-def record_node_states(conn: Connection, states: Iterable[NodeState]) -> int:
-    """Apply observations to the stored stretches (module docstring); returns the stretches
-    started or ended."""
+def record_node_states(
+    conn: Connection, states: Iterable[NodeState], *, cluster: str = DEFAULT_CLUSTER
+) -> int:
+    """Apply observations of `cluster`'s nodes to the stored stretches (module docstring);
+    returns the stretches started or ended."""
     by_node: dict[str, list[NodeState]] = defaultdict(list)
     for state in states:
         by_node[state.node].append(state)
@@ -59,7 +61,9 @@ def record_node_states(conn: Connection, states: Iterable[NodeState]) -> int:
                 node_outages.c.reason,
                 node_outages.c.start_ms,
                 node_outages.c.end_ms,
-            ).where(node_outages.c.node.in_(names[i : i + _CHUNK]))
+            ).where(
+                node_outages.c.cluster == cluster, node_outages.c.node.in_(names[i : i + _CHUNK])
+            )
         )
         for node, reason, start, end in rows:
             stored[node].append(_Span(reason, int(start), None if end is None else int(end)))
@@ -80,6 +84,7 @@ def record_node_states(conn: Connection, states: Iterable[NodeState]) -> int:
                 conn.execute(
                     update(node_outages)
                     .where(
+                        node_outages.c.cluster == cluster,
                         node_outages.c.node == node,
                         node_outages.c.reason == reason,
                         node_outages.c.start_ms == start,
@@ -93,7 +98,13 @@ def record_node_states(conn: Connection, states: Iterable[NodeState]) -> int:
                     continue
                 conn.execute(
                     insert(node_outages),
-                    {"node": node, "reason": reason, "start_ms": start, "end_ms": None},
+                    {
+                        "cluster": cluster,
+                        "node": node,
+                        "reason": reason,
+                        "start_ms": start,
+                        "end_ms": None,
+                    },
                 )
                 spans.append(_Span(reason, start, None))
                 changed += 1

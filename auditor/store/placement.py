@@ -15,6 +15,7 @@ from auditor.classify.tenures import (
     MemoryInUse,
     memory_spans,
 )
+from auditor.model import DEFAULT_CLUSTER
 from auditor.store.keyscan import merged_spans
 
 if TYPE_CHECKING:
@@ -137,6 +138,7 @@ def held_tenures(
     on_nodes: Collection[str] | None = None,
     memory: Callable[[tuple[int, int]], MemoryInUse] | None = None,
     first_ms: int | None = None,
+    cluster: str = DEFAULT_CLUSTER,
 ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(pods, gpus, tenures) as every reader of history places them: the stored exact
     mappings, then Run:ai's links and the cards' memory in use over `window`, then the
@@ -149,17 +151,22 @@ def held_tenures(
     those nodes' memory is read.
 
     Where the samples are not stored (an audit from the metrics store), `memory` gives the
-    cards' memory in use over an evidence window and `first_ms` the first sample's time."""
+    cards' memory in use over an evidence window and `first_ms` the first sample's time.
+
+    Everything is `cluster`'s (SPEC §11): its pods, cards, nodes and their evidence alone,
+    so a cluster is placed as it would be in a store holding it alone."""
     from auditor.classify.tenures import build_tenures
     from auditor.store import reads
 
-    pods = reads.read_pods(conn)
-    gpus = reads.read_gpus(conn)
-    assignments = reads.read_assignments(conn)
-    nodes = reads.read_nodes(conn)
+    pods = reads.read_pods(conn, cluster=cluster)
+    gpus = reads.read_gpus(conn, cluster=cluster)
+    assignments = reads.read_assignments(conn, cluster=cluster)
+    nodes = reads.read_nodes(conn, cluster=cluster)
     pods = with_runai_links(conn, pods)
     placed = pods if on_nodes is None else pods[pods["node"].isin(list(on_nodes))]
-    evidence = evidence_window(conn, pods, assignments, window=window, first_ms=first_ms)
+    evidence = evidence_window(
+        conn, pods, assignments, window=window, first_ms=first_ms, cluster=cluster
+    )
     in_use = (
         memory_in_use(conn, gpus, placed, assignments, window=evidence)
         if memory is None
@@ -179,10 +186,12 @@ def evidence_window(
     *,
     window: tuple[int, int],
     first_ms: int | None = None,
+    cluster: str | None = None,
 ) -> tuple[int, int]:
     """The stretch whose memory readings a guessed placement may use: back to the bound
     time of the earliest guessed pod that holds a card in `window` (so a day's audit and
-    the week's place a pod alike), but not before the first stored sample."""
+    the week's place a pod alike), but not before the first stored sample (of `cluster`'s
+    cards)."""
     from auditor.store import reads
 
     exact = set(assignments["pod_uid"].dropna().astype(str))
@@ -192,7 +201,7 @@ def evidence_window(
     lo = window[0]
     if not live.empty:
         lo = min(lo, int(live["bound_ms"].min()) - ONSET_MARGIN_MS)
-    span = reads.sample_span(conn) if first_ms is None else (first_ms, first_ms)
+    span = reads.sample_span(conn, cluster=cluster) if first_ms is None else (first_ms, first_ms)
     if span is not None:
         lo = max(lo, int(span[0]))
     return lo, window[1]

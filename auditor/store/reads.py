@@ -37,7 +37,8 @@ def records(rows: Sequence[Any], columns: Sequence[str]) -> pd.DataFrame:
     return pd.DataFrame.from_records([tuple(r) for r in rows], columns=list(columns))
 
 
-def read_gpus(conn: Connection) -> pd.DataFrame:
+def read_gpus(conn: Connection, *, cluster: str | None = None) -> pd.DataFrame:
+    """The cards (of `cluster`; of every cluster where None), by id."""
     cols = [
         "id",
         "uuid",
@@ -48,16 +49,21 @@ def read_gpus(conn: Connection) -> pd.DataFrame:
         "parent_uuid",
         "mig_profile",
     ]
-    df = _frame(conn, select(*(gpus.c[c] for c in cols)).order_by(gpus.c.id), cols)
+    stmt = select(*(gpus.c[c] for c in cols)).order_by(gpus.c.id)
+    if cluster is not None:
+        stmt = stmt.where(gpus.c.cluster == cluster)
+    df = _frame(conn, stmt, cols)
     df["gpu_index"] = df["gpu_index"].astype("Int64")
     return df
 
 
-def read_nodes(conn: Connection) -> pd.DataFrame:
-    """Nodes as last seen: name, gpu_model, labels (a dict: the sharing labels of SPEC §7)."""
-    rows = conn.execute(
-        select(nodes.c.name, nodes.c.gpu_model, nodes.c.labels).order_by(nodes.c.name)
-    ).all()
+def read_nodes(conn: Connection, *, cluster: str | None = None) -> pd.DataFrame:
+    """Nodes (of `cluster`) as last seen: name, gpu_model, labels (a dict: the sharing labels
+    of SPEC §7)."""
+    stmt = select(nodes.c.name, nodes.c.gpu_model, nodes.c.labels).order_by(nodes.c.name)
+    if cluster is not None:
+        stmt = stmt.where(nodes.c.cluster == cluster)
+    rows = conn.execute(stmt).all()
     return pd.DataFrame(
         {
             "name": pd.Series([r[0] for r in rows], dtype=object),
@@ -91,11 +97,16 @@ POD_COLUMNS = [
     "gpu_share",
     "gpu_mem_mib",
     "gpu_mem_share",
+    "cluster",
 ]
 
 
-def read_pods(conn: Connection) -> pd.DataFrame:
-    df = _frame(conn, select(*(pods.c[c] for c in POD_COLUMNS)).order_by(pods.c.uid), POD_COLUMNS)
+def read_pods(conn: Connection, *, cluster: str | None = None) -> pd.DataFrame:
+    """The pods (of `cluster`), by UID."""
+    stmt = select(*(pods.c[c] for c in POD_COLUMNS)).order_by(pods.c.uid)
+    if cluster is not None:
+        stmt = stmt.where(pods.c.cluster == cluster)
+    df = _frame(conn, stmt, POD_COLUMNS)
     for c in (
         "rank",
         "gpu_count",
@@ -111,16 +122,18 @@ def read_pods(conn: Connection) -> pd.DataFrame:
     return df
 
 
-def read_assignments(conn: Connection) -> pd.DataFrame:
-    """Exact GPU -> pod observations: pod_uid, gpu_uuid, replicas (time-slicing device IDs
-    held on the card, <NA> where not said), share (an exact share a source gave, NaN where
-    none)."""
+def read_assignments(conn: Connection, *, cluster: str | None = None) -> pd.DataFrame:
+    """Exact GPU -> pod observations (of `cluster`'s cards): pod_uid, gpu_uuid, replicas
+    (time-slicing device IDs held on the card, <NA> where not said), share (an exact share a
+    source gave, NaN where none)."""
     stmt = select(
         gpu_assignments.c.pod_uid,
         gpus.c.uuid,
         gpu_assignments.c.replicas,
         gpu_assignments.c.share,
     ).join(gpus, gpus.c.id == gpu_assignments.c.gpu_id)
+    if cluster is not None:
+        stmt = stmt.where(gpus.c.cluster == cluster)
     df = _frame(conn, stmt, ["pod_uid", "gpu_uuid", "replicas", "share"])
     df["replicas"] = df["replicas"].astype("Int64")
     df["share"] = pd.to_numeric(df["share"], errors="coerce").astype("float64")
@@ -231,22 +244,31 @@ def read_tenant_util(
     return df
 
 
-def sample_span(conn: Connection) -> tuple[int, int] | None:
-    """The first and last sample time stored, or None for an empty store.
+def sample_span(conn: Connection, *, cluster: str | None = None) -> tuple[int, int] | None:
+    """The first and last sample time stored (of `cluster`'s cards), or None for none.
 
     Two key seeks per card (its first and last sample), not a scan of every sample: the
     table is keyed (card, time), so a plain min/max over time reads all of it."""
     s = gpu_samples.alias("s")
     first = select(s.c.ts_ms).where(s.c.gpu_id == gpus.c.id).correlate(gpus)
-    lo, hi = conn.execute(
-        select(
-            func.min(first.order_by(s.c.ts_ms).limit(1).scalar_subquery()),
-            func.max(first.order_by(s.c.ts_ms.desc()).limit(1).scalar_subquery()),
-        ).select_from(gpus)
-    ).one()
+    stmt = select(
+        func.min(first.order_by(s.c.ts_ms).limit(1).scalar_subquery()),
+        func.max(first.order_by(s.c.ts_ms.desc()).limit(1).scalar_subquery()),
+    ).select_from(gpus)
+    if cluster is not None:
+        stmt = stmt.where(gpus.c.cluster == cluster)
+    lo, hi = conn.execute(stmt).one()
     if lo is None:
         return None
     return int(lo), int(hi)
+
+
+def clusters(conn: Connection) -> list[str]:
+    """The clusters the store holds cards, pods or nodes of, sorted (SPEC §11)."""
+    found: set[str] = set()
+    for table in (gpus, pods, nodes):
+        found.update(conn.execute(select(table.c.cluster).distinct()).scalars())
+    return sorted(found)
 
 
 def count_rows(conn: Connection) -> dict[str, int]:
@@ -256,9 +278,12 @@ def count_rows(conn: Connection) -> dict[str, int]:
     return out
 
 
-def runs_in_window(conn: Connection, *, start_ms: int | None, end_ms: int | None) -> pd.DataFrame:
-    """Audit runs overlapping [start, end) (a window of whole hours may lie inside one, SPEC
-    §11); without bounds, the runs of the latest audited window."""
+def runs_in_window(
+    conn: Connection, *, start_ms: int | None, end_ms: int | None, cluster: str | None = None
+) -> pd.DataFrame:
+    """Audit runs (of `cluster`; of every cluster where None) overlapping [start, end) (a
+    window of whole hours may lie inside one, SPEC §11); without bounds, the runs of the
+    latest audited window."""
     cols = [
         "id",
         "window_start_ms",
@@ -268,13 +293,17 @@ def runs_in_window(conn: Connection, *, start_ms: int | None, end_ms: int | None
         "thresholds",
         "version",
         "hourly",
+        "cluster",
     ]
     stmt = select(*(audit_runs.c[c] for c in cols))
+    if cluster is not None:
+        stmt = stmt.where(audit_runs.c.cluster == cluster)
     if start_ms is None or end_ms is None:
+        last = select(audit_runs.c.window_start_ms, audit_runs.c.window_end_ms)
+        if cluster is not None:
+            last = last.where(audit_runs.c.cluster == cluster)
         latest = conn.execute(
-            select(audit_runs.c.window_start_ms, audit_runs.c.window_end_ms)
-            .order_by(audit_runs.c.created_ms.desc(), audit_runs.c.id.desc())
-            .limit(1)
+            last.order_by(audit_runs.c.created_ms.desc(), audit_runs.c.id.desc()).limit(1)
         ).first()
         if latest is None:
             return pd.DataFrame(columns=cols)
@@ -285,7 +314,8 @@ def runs_in_window(conn: Connection, *, start_ms: int | None, end_ms: int | None
         stmt = stmt.where(
             audit_runs.c.window_start_ms < end_ms, audit_runs.c.window_end_ms > start_ms
         )
-    return _frame(conn, stmt.order_by(audit_runs.c.window_start_ms, audit_runs.c.shard), cols)
+    order = (audit_runs.c.cluster, audit_runs.c.window_start_ms, audit_runs.c.shard)
+    return _frame(conn, stmt.order_by(*order), cols)
 
 
 def read_results(conn: Connection, run_ids: Sequence[int | RunSlice]) -> pd.DataFrame:
@@ -306,6 +336,7 @@ def read_results(conn: Connection, run_ids: Sequence[int | RunSlice]) -> pd.Data
     stmt = (
         select(
             summed.c.run_id,
+            gpus.c.cluster,
             gpus.c.uuid.label("gpu"),
             func.coalesce(gpus.c.parent_uuid, gpus.c.uuid).label("card"),
             gpus.c.node,
@@ -333,6 +364,7 @@ def read_results(conn: Connection, run_ids: Sequence[int | RunSlice]) -> pd.Data
     )
     cols = [
         "run_id",
+        "cluster",
         "gpu",
         "card",
         "node",

@@ -340,10 +340,14 @@ def read_audit_samples(
     return with_rolled(raw, rolled)
 
 
-def rollup_span(conn: Connection) -> Window | None:
-    """The first and last instant the stored minutes cover, or None where there are none."""
+def rollup_span(conn: Connection, *, cluster: str | None = None) -> Window | None:
+    """The first and last instant the stored minutes (of `cluster`'s cards) cover, or None
+    where there are none."""
     t = gpu_samples_1m
-    lo, hi = conn.execute(select(func.min(t.c.covered_from_ms), func.max(t.c.covered_to_ms))).one()
+    stmt = select(func.min(t.c.covered_from_ms), func.max(t.c.covered_to_ms))
+    if cluster is not None:
+        stmt = stmt.join(gpus, gpus.c.id == t.c.gpu_id).where(gpus.c.cluster == cluster)
+    lo, hi = conn.execute(stmt).one()
     if lo is None:
         return None
     return Window(int(lo), int(hi))

@@ -25,6 +25,7 @@ from sqlalchemy import Connection, Engine, select
 
 from auditor.errors import shown
 from auditor.model import (
+    DEFAULT_CLUSTER,
     Batch,
     CardSignal,
     GpuRecord,
@@ -54,10 +55,18 @@ class StoreSink:
     """Writes batches to the auditor's database, connecting on first use (and again after a
     failed connection), so a sampler starts while the database is down."""
 
-    def __init__(self, connect: Callable[[], Engine], *, slack_ms: int = 60_000) -> None:
+    def __init__(
+        self,
+        connect: Callable[[], Engine],
+        *,
+        slack_ms: int = 60_000,
+        cluster: str = DEFAULT_CLUSTER,
+    ) -> None:
         self._connect = connect
         self._engine: Engine | None = None
         self.slack_ms = slack_ms
+        self.cluster = cluster
+        """The cluster of the node sampled: its cards', and the pods its holdings name."""
 
     @property
     def engine(self) -> Engine:
@@ -67,10 +76,12 @@ class StoreSink:
 
     def write(self, batches: Sequence[Batch], *, pending: Sequence[Holding]) -> Written:
         with self.engine.begin() as conn:
-            conflicts = gpu_conflicts(conn, [g for b in batches for g in b.gpus])
+            conflicts = gpu_conflicts(
+                conn, [g for b in batches for g in b.gpus], cluster=self.cluster
+            )
             refused = {c.uuid for c in conflicts} | _unstorable(g for b in batches for g in b.gpus)
             latest = {g.uuid: g for b in batches for g in b.gpus if g.uuid not in refused}
-            ids = upsert_gpus(conn, latest.values())
+            ids = upsert_gpus(conn, latest.values(), cluster=self.cluster)
             samples = [s for b in batches for s in b.samples if s.gpu_uuid not in refused]
             skipped = sum(len(b.samples) for b in batches) - len(samples)
             holdings = merge_holdings(
@@ -99,7 +110,7 @@ class StoreSink:
             )
             shares: dict[tuple[str, int], ShareSeen] = {}
             seen, unresolved = resolve_holdings(
-                conn, holdings, ids, slack_ms=self.slack_ms, shares=shares
+                conn, holdings, ids, slack_ms=self.slack_ms, shares=shares, cluster=self.cluster
             )
             upsert_assignments(conn, seen, source=SOURCE, shares=shares)
         return Written(unresolved, tuple(conflicts), skipped)
@@ -139,8 +150,10 @@ def resolve_holdings(
     *,
     slack_ms: int,
     shares: dict[tuple[str, int], ShareSeen] | None = None,
+    cluster: str = DEFAULT_CLUSTER,
 ) -> tuple[list[tuple[str, int, int]], list[Holding]]:
-    """Holdings joined to stored pods by namespace/name and time, as (pod_uid, gpu_id, ts)
+    """Holdings joined to stored pods of `cluster` by namespace/name and time (a name is
+    unique only inside a cluster), as (pod_uid, gpu_id, ts)
     observations for `upsert_assignments`; and the holdings whose pod is not stored.
     `shares`, when given, is filled with the time-slicing replicas of each joined holding
     that has them."""
@@ -157,6 +170,7 @@ def resolve_holdings(
                 pods.c.finished_ms,
                 pods.c.deleted_ms,
             ).where(
+                pods.c.cluster == cluster,
                 pods.c.namespace.in_({n for n, _ in names}),
                 pods.c.name.in_({p for _, p in names}),
             )

@@ -23,7 +23,7 @@ from sqlalchemy import (
 )
 
 from auditor import limits
-from auditor.model import SAMPLE_FIELDS, SAMPLE_TEXT_FIELDS
+from auditor.model import DEFAULT_CLUSTER, SAMPLE_FIELDS, SAMPLE_TEXT_FIELDS
 
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
@@ -47,7 +47,9 @@ gpus = Table(
     Column("parent_uuid", String(limits.GPU_UUID_MAX), nullable=True),
     Column("util_source", String(limits.UTIL_SOURCE_MAX), nullable=True),
     Column("mig_profile", String(limits.SHARE_TEXT_MAX), nullable=True),
+    Column("cluster", String(limits.NAME_MAX), nullable=False, server_default=DEFAULT_CLUSTER),
     Index("ix_gpus_node_index", "node", "gpu_index"),
+    Index("ix_gpus_cluster_node", "cluster", "node"),
 )
 
 gpu_samples = Table(
@@ -135,6 +137,7 @@ pods = Table(
     Column("wait_message", String(limits.MESSAGE_MAX), nullable=True),
     Column("wanted_model", String(limits.GPU_MODEL_MAX), nullable=True),
     Column("wait_seen_ms", BigInteger, nullable=True),
+    Column("cluster", String(limits.NAME_MAX), nullable=False, server_default=DEFAULT_CLUSTER),
     Index("ix_pods_node_bound", "node", "bound_ms"),
     Index("ix_pods_namespace_name", "namespace", "name"),
 )
@@ -142,6 +145,7 @@ pods = Table(
 nodes = Table(
     "nodes",
     metadata,
+    Column("cluster", String(limits.NAME_MAX), primary_key=True, server_default=DEFAULT_CLUSTER),
     Column("name", String(limits.NAME_MAX), primary_key=True),
     Column("gpu_model", String(limits.GPU_MODEL_MAX), nullable=True),
     Column("gpu_capacity", Integer, nullable=False),
@@ -151,7 +155,8 @@ nodes = Table(
     Column("resource_version", String(limits.VERSION_MAX), nullable=True),
     Column("updated_ms", BigInteger, nullable=False),
 )
-"""Nodes as the watcher last saw them: GPU model, GPU count, cordoned or not."""
+"""Nodes as the watcher last saw them: GPU model, GPU count, cordoned or not. A node's name
+is unique only inside its `cluster` (SPEC §11): two clusters may both have `gpu-node-1`."""
 
 watch_cursors = Table(
     "watch_cursors",
@@ -203,13 +208,23 @@ audit_runs = Table(
     Column("version", String(32), nullable=False),
     Column("rolled_up_seconds", Float, nullable=False, server_default=text("0")),
     Column("hourly", Boolean, nullable=False, server_default=false()),
-    Index("ix_audit_runs_window", "window_start_ms", "window_end_ms", "shard", unique=True),
+    Column("cluster", String(limits.NAME_MAX), nullable=False, server_default=DEFAULT_CLUSTER),
+    Index(
+        "ix_audit_runs_window",
+        "cluster",
+        "window_start_ms",
+        "window_end_ms",
+        "shard",
+        unique=True,
+    ),
 )
 """One row per audit run (a window, or one shard of it). `rolled_up_seconds`: GPU-seconds of
 the window audited from 1-minute rollups rather than raw samples (the report flags them).
 `hourly`: its results, causes and SM rows are stored per UTC hour (SPEC §11), so any
 whole-hour window inside it can be read; false for a run stored before that (migration
-0011), whose rows are one bucket, the whole run."""
+0011), whose rows are one bucket, the whole run. `cluster`: the one cluster it audited (a
+run reads that cluster's cards, pods, nodes and waits only), so its results are that
+cluster's."""
 
 audit_results = Table(
     "audit_results",
@@ -326,6 +341,7 @@ PCIe link's bandwidth where known (SPEC §10)."""
 node_outages = Table(
     "node_outages",
     metadata,
+    Column("cluster", String(limits.NAME_MAX), primary_key=True, server_default=DEFAULT_CLUSTER),
     Column("node", String(limits.NAME_MAX), primary_key=True),
     Column("reason", String(16), primary_key=True),
     Column("start_ms", BigInteger, primary_key=True),

@@ -15,7 +15,7 @@ import pandas as pd
 from sqlalchemy import Connection, and_, bindparam, delete, func, insert, or_, select
 
 from auditor.classify.causes import CARD_SIGNALS, POD_SIGNALS
-from auditor.model import RunSlice, Window
+from auditor.model import DEFAULT_CLUSTER, RunSlice, Window
 from auditor.store.hours import parts_condition
 from auditor.store.keyscan import merged_spans, scan_card_ranges
 from auditor.store.schema import (
@@ -73,14 +73,15 @@ PodTenure = tuple[str, int | None, int | None]
 
 
 def pods_in_window(
-    conn: Connection, *, start_ms: int, end_ms: int
+    conn: Connection, *, start_ms: int, end_ms: int, cluster: str = DEFAULT_CLUSTER
 ) -> dict[tuple[str, str], list[PodTenure]]:
-    """(namespace, name) -> the tenures of the stored pods of that name bound before
-    `end_ms` and not over before `start_ms` (a name reused over time has several)."""
+    """(namespace, name) -> the tenures of the stored pods of `cluster` of that name bound
+    before `end_ms` and not over before `start_ms` (a name reused over time has several)."""
     stmt = select(
         pods.c.namespace, pods.c.name, pods.c.uid, pods.c.bound_ms, pods.c.finished_ms,
         pods.c.deleted_ms,
     ).where(
+        pods.c.cluster == cluster,
         pods.c.bound_ms.is_not(None),
         pods.c.bound_ms < end_ms,
         or_(pods.c.finished_ms.is_(None), pods.c.finished_ms > start_ms),
@@ -95,10 +96,13 @@ def pods_in_window(
     return out
 
 
-def write_node_outages(conn: Connection, rows: Sequence[Mapping[str, Any]]) -> int:
-    """Store outage rows (node, reason, start_ms, end_ms or None while it lasts); a known
-    stretch seen again gets its end."""
-    return _replace(conn, node_outages, ("node", "reason", "start_ms"), list(rows))
+def write_node_outages(
+    conn: Connection, rows: Sequence[Mapping[str, Any]], *, cluster: str = DEFAULT_CLUSTER
+) -> int:
+    """Store outage rows of `cluster`'s nodes (node, reason, start_ms, end_ms or None while it
+    lasts); a known stretch seen again gets its end."""
+    keyed = [{**r, "cluster": cluster} for r in rows]
+    return _replace(conn, node_outages, ("cluster", "node", "reason", "start_ms"), keyed)
 
 
 _POD_SIGNAL_COLUMNS = ("pod_uid", "source", "ts_ms", *POD_SIGNALS)
@@ -178,10 +182,14 @@ def read_card_signals(
     return pd.DataFrame({"gpu": gpu, "ts_ms": rows["ts_ms"], **{c: rows[c] for c in CARD_SIGNALS}})
 
 
-def read_node_outages(conn: Connection, *, window: Window) -> pd.DataFrame:
-    """Outages overlapping the window: node, reason, start_ms, end_ms (an open one ends at
-    the window's end)."""
-    stmt = select(node_outages).where(
+def read_node_outages(
+    conn: Connection, *, window: Window, cluster: str = DEFAULT_CLUSTER
+) -> pd.DataFrame:
+    """Outages of `cluster`'s nodes overlapping the window: node, reason, start_ms, end_ms
+    (an open one ends at the window's end)."""
+    o = node_outages
+    stmt = select(o.c.node, o.c.reason, o.c.start_ms, o.c.end_ms).where(
+        node_outages.c.cluster == cluster,
         node_outages.c.start_ms < window.end_ms,
         or_(node_outages.c.end_ms.is_(None), node_outages.c.end_ms > window.start_ms),
     )

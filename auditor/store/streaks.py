@@ -13,11 +13,12 @@ from __future__ import annotations
 
 from sqlalchemy import Connection, and_, func, select
 
+from auditor.model import DEFAULT_CLUSTER
 from auditor.store.schema import gpu_assignments, gpu_samples, gpus, pods
 
 
 def idle_streak_starts(
-    conn: Connection, *, node: str, idle_threshold_pct: float
+    conn: Connection, *, node: str, idle_threshold_pct: float, cluster: str = DEFAULT_CLUSTER
 ) -> dict[tuple[str, str, str], int]:
     """(gpu uuid, namespace, pod name) → start of the card's current idle stretch (ms)."""
     latest = (
@@ -42,7 +43,12 @@ def idle_streak_starts(
                 latest.c.last == gpu_assignments.c.last_seen_ms,
             ),
         )
-        .where(gpus.c.node == node, pods.c.finished_ms.is_(None), pods.c.deleted_ms.is_(None))
+        .where(
+            gpus.c.cluster == cluster,
+            gpus.c.node == node,
+            pods.c.finished_ms.is_(None),
+            pods.c.deleted_ms.is_(None),
+        )
         .order_by(gpus.c.uuid, pods.c.namespace, pods.c.name)
     ).all()
     out: dict[tuple[str, str, str], int] = {}

@@ -47,6 +47,7 @@ def read_sm(conn: Connection, run_ids: Sequence[int | RunSlice]) -> pd.DataFrame
     )
     stmt = (
         select(
+            gpus.c.cluster,
             gpus.c.uuid.label("gpu"),
             gpus.c.node,
             summed.c.pod_uid,
@@ -62,6 +63,7 @@ def read_sm(conn: Connection, run_ids: Sequence[int | RunSlice]) -> pd.DataFrame
         .outerjoin(pods, pods.c.uid == summed.c.pod_uid)
     )
     cols = [
+        "cluster",
         "gpu",
         "node",
         "pod_uid",

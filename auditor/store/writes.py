@@ -28,6 +28,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from auditor.collect.shares import DRA_RESOURCE
 from auditor.errors import shown
 from auditor.model import (
+    DEFAULT_CLUSTER,
     ExactAssignment,
     GpuConflict,
     GpuRecord,
@@ -64,8 +65,11 @@ def _upsert(conn: Connection, table: Table) -> Any:
     return sqlite.insert(table)
 
 
-def gpu_conflicts(conn: Connection, records: Iterable[GpuRecord]) -> list[GpuConflict]:
-    """The records that would move a stored GPU to another node or change its known model.
+def gpu_conflicts(
+    conn: Connection, records: Iterable[GpuRecord], *, cluster: str = DEFAULT_CLUSTER
+) -> list[GpuConflict]:
+    """The records that would move a stored GPU to another node or cluster, or change its
+    known model, where they are written as cards of `cluster`.
 
     A GPU UUID is one physical card: the node a sample was taken on is history, so a record
     naming another node is a conflict (a wrong `--node`, or a card moved: either way its
@@ -87,10 +91,14 @@ def gpu_conflicts(conn: Connection, records: Iterable[GpuRecord]) -> list[GpuCon
     if not known:
         return []
     rows = conn.execute(
-        select(gpus.c.uuid, gpus.c.node, gpus.c.model).where(gpus.c.uuid.in_(list(known)))
+        select(gpus.c.uuid, gpus.c.node, gpus.c.model, gpus.c.cluster).where(
+            gpus.c.uuid.in_(list(known))
+        )
     )
-    for uuid, node, model in rows:
+    for uuid, node, model, stored_cluster in rows:
         conflict = _conflict(known[uuid], node=node, model=model)
+        if conflict is None and stored_cluster != cluster:
+            conflict = GpuConflict(uuid, "cluster", stored_cluster, cluster)
         if conflict is not None:
             found[uuid] = conflict  # the store's view wins over the records' own
     return [found[u] for u in known if u in found]
@@ -111,10 +119,13 @@ def upsert_gpus(
     file: str | None = None,
     lines: Mapping[str, int] | None = None,
     util_source: str | None = None,
+    cluster: str = DEFAULT_CLUSTER,
 ) -> dict[str, int]:
-    """Insert unknown GPUs, fill in attributes a later source knows; return uuid -> id.
+    """Insert unknown GPUs as cards of `cluster`, fill in attributes a later source knows;
+    return uuid -> id.
 
-    Refuses a record that moves a stored GPU or changes its model (`gpu_conflicts`): raises
+    Refuses a record that moves a stored GPU (to another node or cluster) or changes its
+    model (`gpu_conflicts`): raises
     `GpuConflictError` for the first, naming `file` and the line `lines` gives its UUID, so
     that the caller's transaction rolls back. A GPU's node is never rewritten.
 
@@ -127,7 +138,7 @@ def upsert_gpus(
         return {}
     if util_source is not None:
         given = [r if r.util_source else replace(r, util_source=util_source) for r in given]
-    for conflict in gpu_conflicts(conn, given):
+    for conflict in gpu_conflicts(conn, given, cluster=cluster):
         raise conflict.error(file=file, line=(lines or {}).get(conflict.uuid))
     merged: dict[str, GpuRecord] = {}
     for rec in given:
@@ -147,7 +158,7 @@ def upsert_gpus(
             "mig_profile": func.coalesce(stmt.excluded.mig_profile, gpus.c.mig_profile),
         },
     )
-    values = [gpu_row(r) for r in merged.values()]
+    values = [gpu_row(r, cluster=cluster) for r in merged.values()]
     for rec, row in zip(merged.values(), values, strict=True):
         try:
             check_row(gpus, row, what=f"GPU {shown(rec.uuid)}")
@@ -159,9 +170,10 @@ def upsert_gpus(
     return {uuid: gpu_id for uuid, gpu_id in rows}
 
 
-def gpu_row(rec: GpuRecord) -> dict[str, Any]:
-    """The `gpus` row of a record (without its id)."""
+def gpu_row(rec: GpuRecord, *, cluster: str = DEFAULT_CLUSTER) -> dict[str, Any]:
+    """The `gpus` row of a record of `cluster` (without its id)."""
     return {
+        "cluster": cluster,
         "uuid": rec.uuid,
         "node": rec.node,
         "gpu_index": rec.index,
@@ -260,8 +272,12 @@ def _greatest(conn: Connection, new: Any, old: Any) -> Any:
     return func.max(a, b) if conn.dialect.name == "sqlite" else func.greatest(a, b)
 
 
-def upsert_pods(conn: Connection, records: Iterable[PodRecord]) -> int:
-    """Merge pod observations into the store by UID. Returns the number of distinct pods."""
+def upsert_pods(
+    conn: Connection, records: Iterable[PodRecord], *, cluster: str = DEFAULT_CLUSTER
+) -> int:
+    """Merge pod observations of `cluster` into the store by UID (a UID is unique across
+    clusters; the latest cluster a pod was seen in wins). Returns the number of distinct
+    pods."""
     merged: dict[str, PodRecord] = {}
     for rec in records:
         merged[rec.uid] = _merge_pod(merged.get(rec.uid), rec)
@@ -274,6 +290,7 @@ def upsert_pods(conn: Connection, records: Iterable[PodRecord]) -> int:
     keep_old |= {c: case((waiting, stmt.excluded[c]), else_=pods.c[c]) for c in _WAIT_COLUMNS}
     keep_old["wait_seen_ms"] = _greatest(conn, stmt.excluded.wait_seen_ms, pods.c.wait_seen_ms)
     replace_cols = (
+        "cluster",
         "namespace",
         "name",
         "team",
@@ -302,7 +319,7 @@ def upsert_pods(conn: Connection, records: Iterable[PodRecord]) -> int:
         else_=stmt.excluded.gpu_count,
     )
     stmt = stmt.on_conflict_do_update(index_elements=[pods.c.uid], set_={**keep_old, **replaced})
-    rows = [pod_row(r) for r in merged.values()]
+    rows = [{**pod_row(r), "cluster": cluster} for r in merged.values()]
     for row in rows:
         check_row(pods, row, what=f"pod {row['namespace']}/{row['name']}")
     conn.execute(stmt, rows)
@@ -400,12 +417,17 @@ def upsert_assignments(
 
 
 def upsert_exact_assignments(
-    conn: Connection, found: Iterable[ExactAssignment], *, source: str
+    conn: Connection,
+    found: Iterable[ExactAssignment],
+    *,
+    source: str,
+    cluster: str = DEFAULT_CLUSTER,
 ) -> int:
     """Record cards named for pods. A card the store does not know yet is added as a bare
     GPU of the pod's node (a later reader fills in the rest); one the store has on another
     node is left out (the name is wrong for that pod, or the card moved). Without a share,
-    the memory held over the card's known memory stands in. Returns the assignments written."""
+    the memory held over the card's known memory stands in. A card new to the store is of
+    `cluster`, the pods'. Returns the assignments written."""
     given = [a for a in found if a.pod_uid and a.gpu_uuid]
     if not given:
         return 0
@@ -423,9 +445,9 @@ def upsert_exact_assignments(
         if a.gpu_uuid not in stored:
             new.setdefault(a.gpu_uuid, GpuRecord(a.gpu_uuid, a.node))
     for rec in new.values():
-        check_row(gpus, gpu_row(rec), what=f"GPU {shown(rec.uuid)}")
+        check_row(gpus, gpu_row(rec, cluster=cluster), what=f"GPU {shown(rec.uuid)}")
     ids = {u: i for u, (i, _, _) in stored.items()}
-    ids.update(upsert_gpus(conn, new.values()))
+    ids.update(upsert_gpus(conn, new.values(), cluster=cluster))
     nodes_of = {u: n for u, (_, n, _) in stored.items()} | {u: r.node for u, r in new.items()}
     memory = {u: m for u, (_, _, m) in stored.items()}
     seen: list[tuple[str, int, int]] = []
@@ -490,8 +512,10 @@ def replace_audit_run(
     findings: Iterable[Mapping[str, Any]],
     rolled_up_seconds: float = 0.0,
     hourly: bool = False,
+    cluster: str = DEFAULT_CLUSTER,
 ) -> int:
-    """Store one audit run, replacing the runs of the same window it supersedes.
+    """Store one audit run of `cluster`, replacing that cluster's runs of the same window it
+    supersedes.
 
     `hourly`: the results carry `hour_ms`, their UTC hour's bucket (SPEC §11); a result
     without one is the whole run's, stored at the run's start.
@@ -502,11 +526,12 @@ def replace_audit_run(
     Audits of one window take turns (`write_lock`): each stores a run of its own, the
     later replacing the earlier, and none meets the other's half-written run. Run ids are
     never given twice, on SQLite too (which would give a replaced run's id to the next)."""
-    write_lock(conn, f"audit run {window[0]} {window[1]}")
+    write_lock(conn, f"audit run {cluster} {window[0]} {window[1]}")
     next_id = None
     if conn.dialect.name == "sqlite":
         next_id = int(conn.execute(select(func.max(audit_runs.c.id))).scalar() or 0) + 1
     old = select(audit_runs.c.id, audit_runs.c.shard).where(
+        audit_runs.c.cluster == cluster,
         audit_runs.c.window_start_ms == window[0],
         audit_runs.c.window_end_ms == window[1],
     )
@@ -526,6 +551,7 @@ def replace_audit_run(
             "version": version,
             "rolled_up_seconds": float(rolled_up_seconds),
             "hourly": hourly,
+            "cluster": cluster,
             **({} if next_id is None else {"id": next_id}),
         },
     ).scalar_one()
@@ -549,16 +575,19 @@ def close_missing_pods(
     listed_uids: Collection[str],
     at_ms: int,
     in_scope: Callable[[str, Mapping[str, str]], bool] = lambda _ns, _labels: True,
+    cluster: str = DEFAULT_CLUSTER,
 ) -> list[str]:
     """Close the tenure of open pods a relist no longer shows: deleted at `at_ms`, estimated.
 
     Open = no deletion time yet. `in_scope(namespace, labels)` says whether the relist could
-    have shown the pod at all (a watcher of one namespace or selector must not close others).
-    Returns the UIDs closed.
+    have shown the pod at all (a watcher of one namespace or selector must not close others);
+    a watcher of one cluster closes no pod of another. Returns the UIDs closed.
     """
     listed = set(listed_uids)
     rows = conn.execute(
-        select(pods.c.uid, pods.c.namespace, pods.c.labels).where(pods.c.deleted_ms.is_(None))
+        select(pods.c.uid, pods.c.namespace, pods.c.labels).where(
+            pods.c.deleted_ms.is_(None), pods.c.cluster == cluster
+        )
     )
     gone = [
         uid
@@ -579,11 +608,14 @@ def touch_waiting_pods(
     *,
     at_ms: int,
     in_scope: Callable[[str, Mapping[str, str]], bool] = lambda _ns, _labels: True,
+    cluster: str = DEFAULT_CLUSTER,
 ) -> int:
-    """Mark the pods still waiting to be scheduled (a wait reason, not bound, not ended) as
-    seen waiting at `at_ms`, where the watcher could see them (`in_scope`). Returns how many."""
+    """Mark the pods of `cluster` still waiting to be scheduled (a wait reason, not bound,
+    not ended) as seen waiting at `at_ms`, where the watcher could see them (`in_scope`).
+    Returns how many."""
     rows = conn.execute(
         select(pods.c.uid, pods.c.namespace, pods.c.labels).where(
+            pods.c.cluster == cluster,
             pods.c.wait_reason.is_not(None),
             pods.c.bound_ms.is_(None),
             pods.c.finished_ms.is_(None),
@@ -612,19 +644,25 @@ def known_deletions(conn: Connection, uids: Collection[str]) -> dict[str, int]:
     return {uid: int(ms) for uid, ms in rows}
 
 
-def upsert_nodes(conn: Connection, records: Iterable[NodeRow]) -> int:
-    """Store the latest view of each node by name. Returns the number of distinct nodes.
+def upsert_nodes(
+    conn: Connection, records: Iterable[NodeRow], *, cluster: str = DEFAULT_CLUSTER
+) -> int:
+    """Store the latest view of each node of `cluster` by name. Returns the number of
+    distinct nodes.
     Keys that are no column (a row's `state`, `auditor.collect.nodes.node_row`) are left
     out: the outages it shows are `auditor.store.outages`' to record."""
     latest = {r["name"]: r for r in records}
     if not latest:
         return 0
     stmt = _upsert(conn, nodes)
-    columns = [c.name for c in nodes.c if c.name != "name"]
+    columns = [c.name for c in nodes.c if c.name not in ("cluster", "name")]
     stmt = stmt.on_conflict_do_update(
-        index_elements=[nodes.c.name], set_={c: stmt.excluded[c] for c in columns}
+        index_elements=[nodes.c.cluster, nodes.c.name], set_={c: stmt.excluded[c] for c in columns}
     )
-    rows = [{c.name: r[c.name] for c in nodes.c if c.name in r} for r in latest.values()]
+    rows = [
+        {**{c.name: r[c.name] for c in nodes.c if c.name in r}, "cluster": cluster}
+        for r in latest.values()
+    ]
     for row in rows:
         check_row(nodes, row, what=f"node {row['name']}")
     conn.execute(stmt, rows)

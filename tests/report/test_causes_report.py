@@ -147,12 +147,16 @@ def test_each_idle_gap_gets_the_cause_its_signal_tells_and_the_causes_sum_to_the
     assert offenders.loc["compute_idle", "next_step"].startswith("host_transfer (54%)")
 
 
-def test_the_finance_csv_adds_the_causes_as_its_last_columns(audited: str) -> None:
+def test_the_finance_csv_adds_the_causes_then_the_cluster_as_its_last_columns(
+    audited: str,
+) -> None:
     text = jobs.export_finance(audited, week="2026-W48", config=Config())
     table = list(csv.DictReader(io.StringIO(text)))
 
     assert list(table[0]) == COLUMNS
-    assert COLUMNS[-len(CAUSE_COLUMNS) :] == CAUSE_COLUMNS
+    assert COLUMNS[-len(CAUSE_COLUMNS) - 1 : -1] == CAUSE_COLUMNS
+    assert COLUMNS[-1] == "cluster"
+    assert {r["cluster"] for r in table} == {"default"}
     by_team = {r["team"]: r for r in table}
     assert float(by_team["vision"]["compute_idle_input_bound_gpu_hours"]) == pytest.approx(
         2 / 60, abs=1e-4

@@ -158,7 +158,8 @@ def test_the_html_report_reads_the_store_once_on_one_engine_it_disposes(small_db
         "Run:ai pods": "SELECT pods.uid, pods.labels, pods.annotations",
         "gpus": "SELECT gpus.id,",
         "assignments": "SELECT gpu_assignments.pod_uid,",
-        "results": "SELECT hours.run_id, gpus.uuid AS gpu, coalesce(",  # hours summed per run
+        # hours summed per run
+        "results": "SELECT hours.run_id, gpus.cluster, gpus.uuid AS gpu, coalesce(",
         "findings": "SELECT audit_findings.",
     }
     for what, head in reads.items():

@@ -1,0 +1,243 @@
+"""Several clusters in one database (SPEC §11): two simulated clusters whose node names, and
+the names of some of their pods, collide; each cluster's figures equal those of a database
+holding it alone, and `--by cluster` sums to the fleet."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from pgserver import new_database_name
+from sqlalchemy import select
+from typer.testing import CliRunner
+
+from auditor import jobs
+from auditor.cli import app
+from auditor.errors import GpuConflictError
+from auditor.model import CATEGORIES, GpuRecord
+from auditor.report.finance import TEXT_COLUMNS, parse_week
+from auditor.settings import Config, Thresholds
+from auditor.simulate import SCENARIOS, SimulationResult, simulate
+from auditor.store.connection import make_engine
+from auditor.store.schema import pods
+from auditor.store.writes import close_missing_pods, upsert_gpus
+
+runner = CliRunner()
+CLUSTERS = ("east", "west")
+HOURS = [f"{c.value}_gpu_hours" for c in CATEGORIES]
+WEEK = "2026-W48"
+
+
+@pytest.fixture(scope="module")
+def sims(tmp_path_factory: pytest.TempPathFactory) -> dict[str, SimulationResult]:
+    tmp = tmp_path_factory.mktemp("clusters")
+    small = SCENARIOS["small"]
+    return {
+        "east": simulate(tmp / "east", scenario=small),
+        "west": simulate(tmp / "west", scenario=replace(small, seed=small.seed + 1)),
+    }
+
+
+def load(url: str, sim: SimulationResult, cluster: str) -> None:
+    for node, path in sorted(sim.node_csvs.items()):
+        jobs.import_nvidia_smi(url, path, node=node, cluster=cluster)
+    jobs.import_pods(url, sim.pods_json, config=Config(), cluster=cluster)
+
+
+@pytest.fixture(scope="module")
+def alone(
+    sims: dict[str, SimulationResult], tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, str]:
+    """Each cluster in a database of its own, audited."""
+    tmp = tmp_path_factory.mktemp("alone")
+    out = {}
+    for name, sim in sims.items():
+        url = f"sqlite:///{tmp / f'{name}.db'}"
+        load(url, sim, name)
+        jobs.audit(url, window=window(sim), thresholds=Thresholds())
+        out[name] = url
+    return out
+
+
+def window(sim: SimulationResult) -> tuple[int, int]:
+    """The ISO week the simulation lies in: what the finance export needs audited."""
+    week = parse_week(WEEK)
+    assert week.start_ms <= sim.window_start_ms < sim.window_end_ms <= week.end_ms
+    return week.start_ms, week.end_ms
+
+
+@pytest.fixture(
+    scope="module", params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
+)
+def shared(
+    request: pytest.FixtureRequest,
+    sims: dict[str, SimulationResult],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> str:
+    """Both clusters in one database, SQLite and PostgreSQL, each audited by one `auditor
+    audit` (read by the tests, never written)."""
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path_factory.mktemp('shared') / 'auditor.db'}"
+    else:
+        server = request.getfixturevalue("pg_server")
+        name = new_database_name()
+        server.admin(f"CREATE DATABASE {name}")
+        url = server.url(name)
+    jobs.db_upgrade(url)
+    for name in CLUSTERS:
+        load(url, sims[name], name)
+    runs = jobs.audit_clusters(url, window=window(sims["east"]), thresholds=Thresholds())
+    assert [r.cluster for r in runs] == list(CLUSTERS)
+    return url
+
+
+def cli(url: str, *args: str) -> str:
+    result = runner.invoke(app, ["--db", url, *args])
+    assert result.exit_code == 0, result.output
+    return result.stdout  # without the warning of GPU models that have no price
+
+
+def rows(url: str, *args: str) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = json.loads(cli(url, "report", "--format", "json", *args))
+    return out
+
+
+def close(a: Any, b: Any) -> bool:
+    if isinstance(a, float) or isinstance(b, float):
+        return a == pytest.approx(b, abs=1e-9) if a is not None and b is not None else a == b
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(close(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(close(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b)
+
+
+def test_the_clusters_collide_on_node_and_pod_names(sims: dict[str, SimulationResult]) -> None:
+    """The precondition the rest relies on: nodes and pods of the same names."""
+    east, west = (json.loads(sims[c].pods_json.read_text())["items"] for c in CLUSTERS)
+    named = [
+        {(p["metadata"].get("namespace"), p["metadata"]["name"]) for p in x} for x in (east, west)
+    ]
+    assert set(sims["east"].node_csvs) == set(sims["west"].node_csvs)
+    assert named[0] & named[1]
+
+
+@pytest.mark.parametrize("by", ["team", "job", "node", "gpu"])
+def test_each_cluster_equals_a_database_holding_it_alone(
+    shared: str, alone: dict[str, str], by: str
+) -> None:
+    for name in CLUSTERS:
+        mine = rows(shared, "--by", by, "--cluster", name)
+        assert close(mine, rows(alone[name], "--by", by)), (name, by)
+
+
+def test_by_cluster_sums_to_the_fleet(shared: str, alone: dict[str, str]) -> None:
+    per = {r["cluster"]: r for r in rows(shared, "--by", "cluster")}
+    assert set(per) == set(CLUSTERS)
+    fleet = rows(shared, "--by", "team")
+    for col in HOURS:
+        assert sum(r[col] for r in per.values()) == pytest.approx(
+            sum(r[col] for r in fleet), abs=1e-5
+        )
+        # and each cluster's row is its own database's whole
+        for name in CLUSTERS:
+            assert per[name][col] == pytest.approx(sum(r[col] for r in rows(alone[name])), abs=1e-5)
+
+
+def test_nodes_of_the_same_name_stay_apart(shared: str, sims: dict[str, SimulationResult]) -> None:
+    by_node = rows(shared, "--by", "node")
+    keys = {(r["cluster"], r["node"]) for r in by_node}
+    assert len(by_node) == len(keys) == 2 * len(sims["east"].node_csvs)
+
+
+def test_finance_rows_name_their_cluster(shared: str, alone: dict[str, str]) -> None:
+    week = WEEK
+    both = list(csv.DictReader(io.StringIO(cli(shared, "export", "finance", "--week", week))))
+    assert {r["cluster"] for r in both} == set(CLUSTERS)
+    for name in CLUSTERS:
+        own = list(
+            csv.DictReader(io.StringIO(cli(alone[name], "export", "finance", "--week", week)))
+        )
+        # the whole file is rounded column by column (its columns sum exactly), so a
+        # cluster's rows in it may differ from its own file's in the last digit
+        one = [r for r in both if r["cluster"] == name]
+        assert [list(r) for r in one] == [list(r) for r in own]
+        for mixed, alone_row in zip(one, own, strict=True):
+            for col, value in alone_row.items():
+                if col in TEXT_COLUMNS:
+                    assert mixed[col] == value, col
+                elif value:
+                    assert float(mixed[col]) == pytest.approx(float(value), abs=0.011), col
+        only = list(
+            csv.DictReader(
+                io.StringIO(cli(shared, "export", "finance", "--week", week, "--cluster", name))
+            )
+        )
+        assert only == own
+
+
+def test_a_card_is_refused_in_a_second_cluster(
+    shared: str, sims: dict[str, SimulationResult]
+) -> None:
+    """A GPU UUID is one physical card: recorded in `east`, it cannot be written as `west`'s."""
+    engine = make_engine(shared)
+    try:
+        with engine.connect() as conn:
+            uuid, node = conn.execute(
+                select(pods.c.uid, pods.c.node).where(pods.c.cluster == "east").limit(1)
+            ).one()
+        from auditor.store.reads import read_gpus
+
+        with engine.connect() as conn:
+            card = read_gpus(conn, cluster="east").iloc[0]
+        with (
+            pytest.raises(GpuConflictError, match="cluster 'east', not 'west'"),
+            engine.begin() as conn,
+        ):
+            upsert_gpus(conn, [GpuRecord(str(card["uuid"]), str(card["node"]))], cluster="west")
+    finally:
+        engine.dispose()
+    assert uuid
+    assert node
+
+
+def test_a_watcher_of_one_cluster_closes_none_of_another(shared: str) -> None:
+    """A relist of `east` that shows no pod closes east's open pods, never west's."""
+    engine = make_engine(shared)
+    try:
+        with engine.connect() as conn, conn.begin() as tx:  # rolled back: the store is shared
+            open_west = (
+                conn.execute(
+                    select(pods.c.uid).where(pods.c.cluster == "west", pods.c.deleted_ms.is_(None))
+                )
+                .scalars()
+                .all()
+            )
+            closed = close_missing_pods(conn, listed_uids=[], at_ms=2**40, cluster="east")
+            still = (
+                conn.execute(
+                    select(pods.c.uid).where(pods.c.cluster == "west", pods.c.deleted_ms.is_(None))
+                )
+                .scalars()
+                .all()
+            )
+            cluster_of = dict(conn.execute(select(pods.c.uid, pods.c.cluster)).all())
+            tx.rollback()
+    finally:
+        engine.dispose()
+    assert open_west
+    assert sorted(still) == sorted(open_west)
+    assert closed
+    assert {cluster_of[u] for u in closed} == {"east"}
+
+
+def test_an_audit_without_cluster_names_them_where_it_must_choose(shared: str) -> None:
+    result = runner.invoke(app, ["--db", shared, "whatif", "--policy", "idle>=1h"])
+    assert result.exit_code != 0
+    assert "east, west" in result.output
+    assert "--cluster" in result.output
+    assert "Traceback" not in result.output
