@@ -8,6 +8,7 @@ import csv
 import io
 import json
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -241,3 +242,25 @@ def test_an_audit_without_cluster_names_them_where_it_must_choose(shared: str) -
     assert "east, west" in result.output
     assert "--cluster" in result.output
     assert "Traceback" not in result.output
+
+
+def test_a_bad_cluster_name_is_one_line_naming_where(tmp_path: Path) -> None:
+    config = tmp_path / "auditor.toml"
+    config.write_text('cluster = "prod east"\n', encoding="utf-8")
+    url = f"sqlite:///{tmp_path / 'auditor.db'}"
+    for args in (
+        ["--config", str(config), "import", "pods", str(config)],
+        ["import", "pods", "--cluster", "-x", str(config)],
+        ["report", "--cluster", "a/b"],
+    ):
+        result = runner.invoke(app, ["--db", url, *args])
+        assert result.exit_code != 0, args
+        line = result.output.strip()
+        assert "\n" not in line, (args, line)
+        assert "cluster name" in line, (args, line)
+    assert (
+        "auditor.toml"
+        in runner.invoke(
+            app, ["--db", url, "--config", str(config), "import", "pods", str(config)]
+        ).output
+    )
