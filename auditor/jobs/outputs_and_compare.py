@@ -330,6 +330,8 @@ def side(url: str, sel: Selection) -> Side:
         if not uids:
             raise InputError(f"no pods match {sel.kind}={sel.value!r}", field="A/B")
         runs = reads.runs_in_window(conn, start_ms=sel.window[0], end_ms=sel.window[1])
+        # the runs of the clusters the pods ran in: another cluster's coverage is not asked
+        runs = runs[runs["cluster"].isin(reads.clusters_of(conn, sorted(uids)))]
         run_ids = covering_runs(
             runs,
             start_ms=sel.window[0],

@@ -271,6 +271,15 @@ def clusters(conn: Connection) -> list[str]:
     return sorted(found)
 
 
+def clusters_of(conn: Connection, uids: Sequence[str]) -> set[str]:
+    """The clusters the stored pods of `uids` are of."""
+    found: set[str] = set()
+    for i in range(0, len(uids), 500):
+        stmt = select(pods.c.cluster).where(pods.c.uid.in_(list(uids[i : i + 500]))).distinct()
+        found.update(conn.execute(stmt).scalars())
+    return found
+
+
 def count_rows(conn: Connection) -> dict[str, int]:
     out: dict[str, int] = {}
     for t in (gpus, gpu_samples, pods, gpu_assignments, audit_runs, audit_results):

@@ -8,6 +8,7 @@ import csv
 import io
 import json
 from dataclasses import replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -264,3 +265,21 @@ def test_a_bad_cluster_name_is_one_line_naming_where(tmp_path: Path) -> None:
             app, ["--db", url, "--config", str(config), "import", "pods", str(config)]
         ).output
     )
+
+
+def test_compare_of_a_team_in_both_clusters_adds_them(
+    shared: str, alone: dict[str, str], sims: dict[str, SimulationResult]
+) -> None:
+    """A side reads the runs of the clusters its pods ran in, each covering the window."""
+    from auditor.jobs.outputs_and_compare import side
+
+    team = next(r["team"] for r in rows(alone["east"]) if r["allocated_gpu_hours"] > 0)
+    start, end = (
+        datetime.fromtimestamp(t / 1000, UTC).isoformat()
+        for t in (sims["east"].window_start_ms, sims["east"].window_end_ms)
+    )
+    text = f"team={team}@{start}..{end}"
+    sel = jobs.parse_side(text, option="A")
+    both = side(shared, sel).figures["allocated_gpu_hours"]
+    each = [side(alone[c], sel).figures["allocated_gpu_hours"] for c in CLUSTERS]
+    assert both == pytest.approx(sum(each), abs=1e-9)
