@@ -66,6 +66,8 @@ class FromStoreStats:
     """Raw points read, both passes."""
     shrunk: int
     """Queries the store refused as too large, asked again over half the time."""
+    discovery_s: float = 0.0
+    """Seconds of the discovery pass (the whole fleet's cards and holdings, every shard)."""
 
 
 def audit_from_store(
@@ -119,6 +121,7 @@ def audit_from_store(
     audited = Window(start_ms, end_ms)
     engine = open_store(url)
     try:
+        discovering = time.perf_counter()
         found = _discover(
             engine,
             source,
@@ -126,6 +129,7 @@ def audit_from_store(
             labels=labels,
             given=given,
         )
+        discovery_s = time.perf_counter() - discovering
         if found.span is None:
             raise InputError(
                 f"no dcgm-exporter samples in {client.url} for this window", field="--start"
@@ -156,6 +160,7 @@ def audit_from_store(
         queries=source.queries,
         points=source.points,
         shrunk=source.shrunk,
+        discovery_s=discovery_s,
     )
 
 
