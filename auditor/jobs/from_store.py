@@ -40,6 +40,8 @@ from auditor.model import DEFAULT_CLUSTER, Window
 from auditor.settings import Thresholds
 
 if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
     import pandas as pd
 
     from auditor.classify.tenures import MemoryInUse
@@ -64,6 +66,8 @@ class FromStoreStats:
     """Raw points read, both passes."""
     shrunk: int
     """Queries the store refused as too large, asked again over half the time."""
+    discovery_s: float = 0.0
+    """Seconds of the discovery pass (the whole fleet's cards and holdings, every shard)."""
 
 
 def audit_from_store(
@@ -118,6 +122,7 @@ def audit_from_store(
     audited = Window(start_ms, end_ms)
     engine = open_store(url)
     try:
+        discovering = time.perf_counter()
         found = _discover(
             engine,
             source,
@@ -126,6 +131,7 @@ def audit_from_store(
             given=given,
             cluster=cluster,
         )
+        discovery_s = time.perf_counter() - discovering
         if found.span is None:
             raise InputError(
                 f"no dcgm-exporter samples in {client.url} for this window", field="--start"
@@ -157,14 +163,16 @@ def audit_from_store(
         queries=source.queries,
         points=source.points,
         shrunk=source.shrunk,
+        discovery_s=discovery_s,
     )
 
 
 @dataclass
 class _Found:
     span: tuple[int, int] | None
-    minutes: dict[str, dict[int, tuple[int, int]]]
-    """GPU UUID -> minute -> (first, last) ms of its samples with memory in use."""
+    minutes: dict[str, npt.NDArray[np.int64]]
+    """GPU UUID -> its minutes with memory in use, in time order: rows of the first and
+    the last ms of its samples with memory in use in that minute (a (k, 2) array)."""
     cards: int
     holdings: int
     unresolved: int
@@ -172,17 +180,21 @@ class _Found:
     def memory(self, evidence: tuple[int, int]) -> MemoryInUse:
         """The cards' memory in use over `evidence`, as `store.placement.memory_in_use`
         reads it from stored samples: minutes merged where under two minutes apart."""
+        import numpy as np
+
         from auditor.classify.tenures import MemoryInUse, memory_spans
 
         lo, hi = evidence
         spans: dict[str, list[tuple[int, int]]] = {}
         for uuid, minutes in self.minutes.items():
-            inside = [
-                (max(a, lo), min(b, hi - 1))
-                for a, b in (minutes[m] for m in sorted(minutes))
-                if not (b < lo or a >= hi)
-            ]
-            if inside:
+            first, last = minutes[:, 0], minutes[:, 1]
+            keep = (last >= lo) & (first < hi)
+            if keep.any():
+                inside = zip(
+                    np.maximum(first[keep], lo).tolist(),
+                    np.minimum(last[keep], hi - 1).tolist(),
+                    strict=True,
+                )
                 spans[uuid] = memory_spans(inside)
         return MemoryInUse(spans, from_ms=lo)
 
@@ -200,7 +212,6 @@ def _discover(
     (as `import prometheus` stores them), their minutes of memory in use kept."""
     from sqlalchemy import Engine, select
 
-    from auditor.classify.tenures import MEMORY_IN_USE_MIB, MEMORY_MINUTE_MS
     from auditor.collect.prometheus import DISCOVERED, GPU_UTIL, NodeResolver, read_chunk
     from auditor.model import GpuRecord
     from auditor.store.sample_sink import resolve_holdings
@@ -214,7 +225,7 @@ def _discover(
     step_ms = source.period_ms
     known: dict[str, GpuRecord] = {}
     ids: dict[str, int] = {}
-    minutes: dict[str, dict[int, tuple[int, int]]] = {}
+    minutes: dict[str, list[npt.NDArray[np.int64]]] = {}
     pairs: set[tuple[str, int]] = set()
     unresolved = 0
     lo: int | None = None
@@ -243,18 +254,15 @@ def _discover(
             if new:
                 ids.update(upsert_gpus(conn, new, cluster=cluster))
                 known.update((g.uuid, g) for g in new)
-            for s in chunk.samples:
-                lo = s.ts_ms if lo is None else min(lo, s.ts_ms)
-                hi = s.ts_ms if hi is None else max(hi, s.ts_ms)
-                if s.memory_used_mib is not None and s.memory_used_mib > MEMORY_IN_USE_MIB:
-                    card = minutes.setdefault(s.gpu_uuid, {})
-                    minute = s.ts_ms // MEMORY_MINUTE_MS
-                    seen = card.get(minute)
-                    card[minute] = (
-                        (s.ts_ms, s.ts_ms)
-                        if seen is None
-                        else (min(seen[0], s.ts_ms), max(seen[1], s.ts_ms))
-                    )
+            for card in chunk.cards:  # columns, no object per sample
+                if not card.ts_ms.size:
+                    continue
+                first_ms, last_ms = int(card.ts_ms[0]), int(card.ts_ms[-1])
+                lo = first_ms if lo is None else min(lo, first_ms)
+                hi = last_ms if hi is None else max(hi, last_ms)
+                in_use = _minutes_in_use(card.ts_ms, card.values["memory_used_mib"])
+                if in_use is not None:
+                    minutes.setdefault(card.uuid, []).append(in_use)
             seen_pairs, left = resolve_holdings(
                 conn, chunk.holdings, ids, slack_ms=step_ms, cluster=cluster
             )
@@ -265,11 +273,45 @@ def _discover(
             at = stop
     return _Found(
         span=None if lo is None or hi is None else (lo, hi),
-        minutes=minutes,
+        minutes={uuid: _merged(parts) for uuid, parts in minutes.items()},
         cards=len(known),
         holdings=len(pairs),
         unresolved=unresolved,
     )
+
+
+def _minutes_in_use(
+    ts_ms: npt.NDArray[np.int64], used_mib: npt.NDArray[np.float64]
+) -> npt.NDArray[np.int64] | None:
+    """Per minute of these samples (sorted by time) with memory in use, its minute and the
+    first and last ms of those samples (a (k, 3) array); None where there are none."""
+    import numpy as np
+
+    from auditor.classify.tenures import MEMORY_IN_USE_MIB, MEMORY_MINUTE_MS
+
+    with np.errstate(invalid="ignore"):  # NaN (not read) is not in use
+        at = ts_ms[used_mib > MEMORY_IN_USE_MIB]
+    if not at.size:
+        return None
+    minute = at // MEMORY_MINUTE_MS
+    starts = np.flatnonzero(np.concatenate(([True], minute[1:] != minute[:-1])))
+    ends = np.concatenate((starts[1:] - 1, [at.size - 1]))
+    return np.stack((minute[starts], at[starts], at[ends]), axis=1)
+
+
+def _merged(parts: list[npt.NDArray[np.int64]]) -> npt.NDArray[np.int64]:
+    """A card's minutes in use from its chunks' (in time order): a minute two chunks share
+    (a chunk's edge inside it) is one, from its first to its last ms."""
+    import numpy as np
+
+    rows = np.concatenate(parts)
+    minute = rows[:, 0]
+    starts = np.flatnonzero(np.concatenate(([True], minute[1:] != minute[:-1])))
+    if starts.size == minute.size:
+        return rows[:, 1:].copy()
+    first = np.minimum.reduceat(rows[:, 1], starts)
+    last = np.maximum.reduceat(rows[:, 2], starts)
+    return np.stack((first, last), axis=1)
 
 
 def _card_samples(source: RawSource, wanted: list[tuple[str, int, int]]) -> pd.DataFrame:

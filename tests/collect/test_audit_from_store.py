@@ -29,6 +29,7 @@ from typer.testing import CliRunner
 from vmserver import VmServer, prometheus_lines, start_victoria_metrics
 
 from auditor.cli import app
+from auditor.collect.prometheus import PrometheusClient, RawSource
 from auditor.errors import InputError
 from auditor.jobs import audit, audit_from_store, import_prometheus, open_store
 from auditor.model import PodRecord
@@ -225,6 +226,57 @@ def test_sharded_audits_from_the_store_add_up_to_the_unsharded_one(
         )
     assert _count(sharded, audit_runs) == 3
     assert _results(sharded) == _results(one)
+
+
+@pytest.mark.slow
+def test_queries_whose_edges_split_a_minute_change_no_result(
+    prometheus: PromServer, tmp_path: Path
+) -> None:
+    """10.5-minute queries: every other edge falls inside a minute, so a card's minute of
+    memory in use comes in two queries' answers; it is still one minute, and the guessed
+    placement made from those minutes is the same."""
+    whole = (START * 1000, END * 1000)
+    one = _store(f"sqlite:///{tmp_path / 'one.db'}")
+    audit_from_store(
+        one, samples_from=prometheus.url, window=whole, thresholds=THRESHOLDS, step_s=STEP
+    )
+    split = _store(f"sqlite:///{tmp_path / 'split.db'}")
+    stats = audit_from_store(
+        split,
+        samples_from=prometheus.url,
+        window=whole,
+        thresholds=THRESHOLDS,
+        step_s=STEP,
+        chunk_s=630,
+    )
+    assert stats.queries > 6 * 3600 // 630, "the window came in many queries"
+    got = _results(split)
+    assert got == _results(one)
+    assert any(r[1] == "uid-guess" and r[4] for r in got), "the guess is made"
+
+
+@pytest.mark.slow
+def test_an_answer_over_the_size_cap_is_asked_again_over_less_time(
+    prometheus: PromServer,
+) -> None:
+    """A chunk whose answer would pass the client's byte cap is read in halves, as a
+    refusal over the store's sample limit is: the same points, none twice."""
+    window = {"first_ms": START * 1000, "end_ms": END * 1000, "series": 6}
+
+    def read(source: RawSource) -> list[tuple[str, float, str]]:
+        return sorted(
+            (labels["UUID"], float(t), v)
+            for labels, points in source.read("DCGM_FI_DEV_GPU_UTIL", **window)  # type: ignore[arg-type]
+            for t, v in points
+        )
+
+    whole = RawSource(PrometheusClient(prometheus.url), period_ms=STEP * 1000)
+    capped = RawSource(PrometheusClient(prometheus.url, max_bytes=16 << 10), period_ms=STEP * 1000)
+    expected = read(whole)
+    assert read(capped) == expected
+    assert len(expected) == 5 * 6 * HOUR // STEP, "every card's points, once"
+    assert capped.shrunk > 0
+    assert whole.shrunk == 0
 
 
 @pytest.mark.slow

@@ -169,11 +169,13 @@ class PrometheusClient:
             field="--url",
         )
 
-    def _too_large(self) -> InputError:
-        return InputError(
+    def _too_large(self) -> QueryRefused:
+        """An answer over `max_bytes`: refused as too large, so that a reader in chunks
+        (`raw.RawSource`) asks again over less time; elsewhere a one-line error."""
+        return QueryRefused(
             f"Prometheus at {self.url} answered more than {self.max_bytes >> 20} MiB: "
             "narrow the window or use a larger --step",
-            field="--url",
+            too_large=True,
         )
 
     def _answer(self, status: int, body: bytearray, *, query: str) -> dict[str, Any]:
