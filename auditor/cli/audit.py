@@ -18,6 +18,7 @@ from auditor.cli.options import (
     BasicAuthPasswordFileOption,
     BasicAuthUserOption,
     BearerTokenFileOption,
+    ClusterLabelOption,
     EndOption,
     OutOption,
     QueryTimeoutOption,
@@ -139,6 +140,7 @@ def audit(
             "each; with --samples-from, the config's `cluster`, else 'default').",
         ),
     ] = None,
+    cluster_label: ClusterLabelOption = None,
 ) -> None:
     """Classify every GPU-second of a window and store the run (re-running replaces it).
 
@@ -154,6 +156,8 @@ def audit(
             window: tuple[int, int] | None = parse_day(day, now=datetime.now(UTC))
         else:
             window = parse_window(start, end, since)
+        if cluster_label is not None and samples_from is None:
+            raise InputError("--cluster-label goes with --samples-from", field="--cluster-label")
         if samples_from is not None:
             _from_store(
                 samples_from,
@@ -168,6 +172,7 @@ def audit(
                 node_labels=node_label or None,
                 nodes=node or [],
                 cluster=state.cluster(cluster),
+                cluster_label=cluster_label,
             )
             return
         if cluster is not None:
@@ -202,6 +207,7 @@ def _from_store(
     node_labels: list[str] | None,
     nodes: list[str],
     cluster: str,
+    cluster_label: str | None,
 ) -> None:
     """`audit --samples-from URL`: the audit read straight from the metrics store."""
     from auditor import jobs
@@ -231,6 +237,7 @@ def _from_store(
         node_labels=node_labels,
         nodes=jobs.parse_node_options(nodes),
         cluster=cluster,
+        cluster_label=cluster_label,
     )
     typer.echo(
         f"read {stats.points} samples of {stats.cards} GPUs from {redact(clean)} in "

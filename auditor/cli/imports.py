@@ -19,6 +19,7 @@ from auditor.cli.options import (
     BasicAuthPasswordFileOption,
     BasicAuthUserOption,
     BearerTokenFileOption,
+    ClusterLabelOption,
     ClusterOption,
     EndOption,
     QueryTimeoutOption,
@@ -233,6 +234,7 @@ def import_prometheus(
         ),
     ] = None,
     cluster: ClusterOption = None,
+    cluster_label: ClusterLabelOption = None,
 ) -> None:
     """Import dcgm-exporter GPU samples, and the pod holding each GPU, from Prometheus."""
     from auditor import jobs
@@ -260,6 +262,7 @@ def import_prometheus(
             node_labels=node_label or None,
             nodes=jobs.parse_node_options(node or []),
             cluster=state.cluster(cluster),
+            cluster_label=cluster_label,
         )
     sources = describe_sources(stats.node_sources, stats.util_sources)
     typer.echo(

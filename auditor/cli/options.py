@@ -79,6 +79,16 @@ ClusterFilterOption = Annotated[
     ),
 ]
 """`--cluster` of the readers (reports, exports): one cluster, else all of them."""
+ClusterLabelOption = Annotated[
+    str | None,
+    typer.Option(
+        "--cluster-label",
+        metavar="LABEL",
+        help="The series label naming clusters in a store holding several (e.g. cluster): "
+        "read only the series whose LABEL is --cluster's name.",
+    ),
+]
+"""`--cluster-label` of the readers of a Prometheus-compatible store."""
 ServiceClusterOption = Annotated[
     str | None,
     typer.Option(

@@ -35,7 +35,7 @@ from auditor.jobs.audit import (
     _audit,
 )
 from auditor.jobs.common import open_store
-from auditor.jobs.imports import store_query_options
+from auditor.jobs.imports import cluster_matchers, store_query_options
 from auditor.model import DEFAULT_CLUSTER, Window
 from auditor.settings import Thresholds
 
@@ -87,13 +87,16 @@ def audit_from_store(
     chunk_samples: int = AUDIT_CHUNK_SAMPLES,
     now_ms: int | None = None,
     cluster: str = DEFAULT_CLUSTER,
+    cluster_label: str | None = None,
 ) -> FromStoreStats:
     """Audit `window` from the samples in the store at `samples_from` and store the run.
 
     `step_s`: dcgm-exporter's scrape interval (what a holding's gaps and a query's points
     are counted in); `points`: raw points one query may ask for (default `POINT_BUDGET`);
     `chunk_s`: the time one query covers, where given (else from `points`); `auth`,
-    `timeout_s`, `node_labels`, `nodes`: as `import_prometheus` takes them."""
+    `timeout_s`, `node_labels`, `nodes`: as `import_prometheus` takes them. `cluster`: the
+    cluster audited; `cluster_label`: the series label naming clusters in a store holding
+    several (its queries then select `cluster`'s series), None for a store of one."""
     from auditor.collect.prometheus import (
         POINT_BUDGET,
         PrometheusClient,
@@ -112,7 +115,12 @@ def audit_from_store(
     if chunk_s is not None and chunk_s < step_s:
         raise InputError("a query's chunk must be at least one --step", field="--store-chunk")
     step_ms = round(step_s * 1000)
-    client = PrometheusClient(samples_from, auth=auth, timeout_s=timeout_s)
+    client = PrometheusClient(
+        samples_from,
+        auth=auth,
+        timeout_s=timeout_s,
+        matchers=cluster_matchers(cluster_label, cluster),
+    )
     source = RawSource(
         client,
         period_ms=step_ms,

@@ -328,6 +328,7 @@ def import_prometheus(
     node_labels: Sequence[str] | None = None,
     nodes: Mapping[str, str] | None = None,
     cluster: str = DEFAULT_CLUSTER,
+    cluster_label: str | None = None,
 ) -> PrometheusImportStats:
     """Import dcgm-exporter samples and pod labels of a window in one transaction.
 
@@ -337,7 +338,8 @@ def import_prometheus(
     `nodes`: GPU UUID or `Hostname` -> node, as the user says (`--node`,
     `parse_node_options`), where no node label names it. A card the store already holds
     keeps its stored node where only its `Hostname` (an exporter pod's name) says
-    otherwise."""
+    otherwise. Its cards are `cluster`'s; with `cluster_label`, the label naming clusters
+    in a store holding several, only that cluster's series are read."""
     from sqlalchemy import select
 
     from auditor.collect.prometheus import (
@@ -366,7 +368,12 @@ def import_prometheus(
         step_s=step_s, timeout_s=timeout_s, node_labels=node_labels, nodes=nodes
     )
     step_ms = round(step_s * 1000)
-    client = PrometheusClient(prometheus_url, auth=auth, timeout_s=timeout_s)
+    client = PrometheusClient(
+        prometheus_url,
+        auth=auth,
+        timeout_s=timeout_s,
+        matchers=cluster_matchers(cluster_label, cluster),
+    )
     per_query = points_per_query(
         client, start_s=start_ms / 1000, end_s=end_ms / 1000, max_points=max_points
     )
@@ -392,6 +399,7 @@ def import_prometheus(
                 **({"node": dict(sorted(given.items()))} if given else {}),
                 **({"node_label": list(labels)} if node_labels is not None else {}),
                 **_cluster_option(cluster),
+                **({"cluster_label": cluster_label} if cluster_label else {}),
             },
             now_ms=int(time.time() * 1000),
         )
@@ -584,3 +592,12 @@ def _cluster_option(cluster: str) -> dict[str, str]:
     """The ledger's record of an import's cluster: none for the default one, so the ledger
     of a store of one cluster reads as before."""
     return {} if cluster == DEFAULT_CLUSTER else {"cluster": cluster}
+
+
+def cluster_matchers(label: str | None, cluster: str) -> str:
+    """The matchers that keep a store's queries to `cluster`'s series: `label="cluster"`
+    where the store names clusters by `label` (a Thanos or Mimir over several), else none
+    (a Prometheus of that one cluster)."""
+    from auditor.collect.prometheus import label_matchers
+
+    return "" if not label else label_matchers({label: cluster})

@@ -112,23 +112,24 @@ def _pod(name: str, uid: str, *, node: str, bound: int, **kw: object) -> PodReco
     return replace(bare_pod(name, uid, bound_ms=bound * 1000), node=node, **kw)  # type: ignore[arg-type]
 
 
+def _pods() -> list[PodRecord]:
+    return [
+        _pod("train-0", "uid-train", node="node-a", bound=START - 600, gpu_count=2),
+        _pod(
+            "infer-0",
+            "uid-infer",
+            node="node-b",
+            bound=START - 60,
+            finished_ms=(START + 3 * HOUR) * 1000,
+        ),
+        _pod("guess-0", "uid-guess", node="node-c", bound=START + 2 * HOUR - 30),
+    ]
+
+
 def _store(db_url: str) -> str:
     migrate.upgrade(make_engine(db_url))
     with open_store(db_url).begin() as conn:
-        upsert_pods(
-            conn,
-            [
-                _pod("train-0", "uid-train", node="node-a", bound=START - 600, gpu_count=2),
-                _pod(
-                    "infer-0",
-                    "uid-infer",
-                    node="node-b",
-                    bound=START - 60,
-                    finished_ms=(START + 3 * HOUR) * 1000,
-                ),
-                _pod("guess-0", "uid-guess", node="node-c", bound=START + 2 * HOUR - 30),
-            ],
-        )
+        upsert_pods(conn, _pods())
     return db_url
 
 
@@ -353,3 +354,70 @@ def test_a_bad_chunk_or_window_is_a_one_line_error(tmp_path: Path) -> None:
         audit_from_store(
             url, samples_from="http://127.0.0.1:9", window=(0, 1000), thresholds=THRESHOLDS
         )
+
+
+def _in(cluster: str, card: Card) -> Card:
+    """`card` as the cluster `cluster` exports it to a store holding several: its series
+    labelled `cluster`, west's cards other UUIDs on nodes of the same names."""
+    uuid = card.uuid if cluster == "east" else f"{card.uuid}-w"
+    return replace(card, uuid=uuid, extra={**card.extra, "cluster": cluster})
+
+
+@pytest.fixture(scope="module")
+def two_clusters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PromServer]:
+    """One store (a Thanos over two clusters, as far as the queries can tell) holding east's
+    and west's dcgm-exporter series, told apart by their `cluster` label only."""
+    found = binaries()
+    if isinstance(found, str):
+        _skip_or_fail(found)
+    root = tmp_path_factory.mktemp("prometheus-two-clusters")
+    cards = [_in(c, card) for c in ("east", "west") for card in CARDS]
+    backfill(cards, root / "tsdb", start_s=START, end_s=END, interval_s=STEP, metrics=METRICS)
+    server = start_prometheus(root / "tsdb", root)
+    yield server
+    server.stop()
+
+
+def _both_stored(db_url: str) -> str:
+    """East's and west's pods, of the same names on nodes of the same names."""
+    migrate.upgrade(make_engine(db_url))
+    with open_store(db_url).begin() as conn:
+        upsert_pods(conn, _pods(), cluster="east")
+        upsert_pods(conn, [replace(p, uid=f"w-{p.uid}") for p in _pods()], cluster="west")
+    return db_url
+
+
+@pytest.mark.slow
+def test_a_store_of_two_clusters_is_read_one_cluster_at_a_time(
+    two_clusters: PromServer, prometheus: PromServer, db_url: str, second_url: str, tmp_path: Path
+) -> None:
+    """With `--cluster-label cluster`, `import prometheus` and `audit --samples-from` read
+    only the named cluster's series: east's results are those of a store holding east
+    alone, and its cards, holdings and pods are east's."""
+    whole = (START * 1000, END * 1000)
+    imported, direct = _both_stored(db_url), _both_stored(second_url)
+    import_prometheus(
+        imported, prometheus_url=two_clusters.url, window=whole, step_s=STEP,
+        cluster="east", cluster_label="cluster",
+    )  # fmt: skip
+    audit(imported, window=whole, thresholds=THRESHOLDS, cluster="east")
+    stats = audit_from_store(
+        direct, samples_from=two_clusters.url, window=whole, thresholds=THRESHOLDS,
+        step_s=STEP, cluster="east", cluster_label="cluster",
+    )  # fmt: skip
+    alone = _store(f"sqlite:///{tmp_path / 'alone.db'}")
+    audit_from_store(alone, samples_from=prometheus.url, window=whole, thresholds=THRESHOLDS,
+                     step_s=STEP)  # fmt: skip
+    expected = _results(alone)
+    assert expected
+    assert _results(imported) == expected
+    assert _results(direct) == expected
+    assert stats.holdings == 3
+    for url in (imported, direct):
+        with open_store(url).connect() as conn:
+            cards = dict(conn.execute(select(gpus.c.uuid, gpus.c.cluster)).all())
+            held = set(conn.execute(select(gpu_assignments.c.pod_uid)).scalars())
+        assert cards
+        assert set(cards.values()) == {"east"}
+        assert not any(u.endswith("-w") for u in cards)
+        assert held == {"uid-train", "uid-infer"}

@@ -57,6 +57,7 @@ from auditor.collect.prometheus.decode import (
     gpu_record,
     short,
 )
+from auditor.collect.prometheus.matchers import label_matchers, selector
 from auditor.collect.prometheus.node_resolver import (
     HOSTNAME_CAVEAT,
     KUBE_POD_INFO,
@@ -124,6 +125,7 @@ __all__ = [
     "chunks",
     "credentials",
     "describe_sources",
+    "label_matchers",
     "pod_selector",
     "points_per_query",
     "rate_window_ms",
@@ -189,7 +191,7 @@ def read_chunk(
                 # value repeated from the 5-minute lookback where a series ended (a pod
                 # released the card) without a staleness marker, as in backfilled or
                 # federated data
-                f"last_over_time({metric}[{max(step_ms - 1, 1)}ms])",
+                f"last_over_time({selector(metric, client.matchers)}[{max(step_ms - 1, 1)}ms])",
                 start_s=first_ms / 1000,
                 end_s=last_ms / 1000,
                 step_s=step_ms / 1000,

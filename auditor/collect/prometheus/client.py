@@ -20,6 +20,7 @@ from typing import Any
 
 from auditor.collect.prometheus.auth import Auth, split_userinfo
 from auditor.collect.prometheus.decode import Series, matrix, shape, short
+from auditor.collect.prometheus.matchers import selector
 from auditor.collect.prometheus.query_plan import DEADLINE_S, MAX_RESPONSE_BYTES
 from auditor.errors import InputError
 from auditor.redact import remember
@@ -53,6 +54,7 @@ class PrometheusClient:
         auth: Auth | None = None,
         timeout_s: float = DEADLINE_S,
         max_bytes: int = MAX_RESPONSE_BYTES,
+        matchers: str = "",
     ) -> None:
         clean, user, password = split_userinfo(url.strip())
         remember(password)
@@ -70,6 +72,9 @@ class PrometheusClient:
         self._auth = auth
         self.timeout_s = timeout_s
         self.max_bytes = max_bytes
+        self.matchers = matchers
+        """Label matchers every selector the readers build carries (`matchers.selector`),
+        and `series_count`'s: one cluster's series of a store holding several."""
 
     def query_range(
         self, query: str, *, start_s: float, end_s: float, step_s: float
@@ -92,7 +97,11 @@ class PrometheusClient:
     def series_count(self, metric: str, *, start_s: float, end_s: float) -> int | None:
         """How many series of `metric` the window holds (`/api/v1/series`: the index only, no
         samples read); None where the server does not offer that endpoint."""
-        form = {"match[]": metric, "start": f"{start_s:.3f}", "end": f"{end_s:.3f}"}
+        form = {
+            "match[]": selector(metric, self.matchers),
+            "start": f"{start_s:.3f}",
+            "end": f"{end_s:.3f}",
+        }
         status, body = self._post("/api/v1/series", _form(form))
         if status in {404, 405}:
             return None

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from auditor.collect.prometheus.decode import GR_ENGINE
+from auditor.collect.prometheus.matchers import selector
 from auditor.errors import GpuConflictError
 
 if TYPE_CHECKING:
@@ -82,10 +83,10 @@ class NodeResolver:
         for i in range(0, len(wanted), 200):
             pattern = "|".join(n.replace(".", "\\\\.") for n in wanted[i : i + 200])
             window = f"[{max(step_ms - 1, 1)}ms]"
-            query = (
-                f'last_over_time({KUBE_POD_INFO}{{pod=~"{pattern}"}}{window}) or '
-                f'last_over_time({KUBE_POD_INFO}{{exported_pod=~"{pattern}"}}{window})'
-            )
+            mine = getattr(client, "matchers", "")
+            by_pod = selector(KUBE_POD_INFO, f'pod=~"{pattern}"', mine)
+            by_exported = selector(KUBE_POD_INFO, f'exported_pod=~"{pattern}"', mine)
+            query = f"last_over_time({by_pod}{window}) or last_over_time({by_exported}{window})"
             series = client.query_range(
                 query, start_s=first_ms / 1000, end_s=last_ms / 1000, step_s=step_ms / 1000
             )

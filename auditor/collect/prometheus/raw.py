@@ -37,6 +37,7 @@ from auditor.collect.prometheus.decode import (
     reading,
     short,
 )
+from auditor.collect.prometheus.matchers import selector
 from auditor.collect.prometheus.query_plan import MAX_POINTS, POINT_BUDGET
 from auditor.errors import InputError
 
@@ -102,9 +103,14 @@ class RawSource:
             else [None]
         )
         for group in groups:
-            selector = metric if group is None else f'{metric}{{UUID=~"{_pattern(group)}"}}'
+            which = "" if group is None else f'UUID=~"{_pattern(group)}"'
             count = series if group is None else min(series, len(group) * 2)
-            yield from self._read(selector, first_ms=first_ms, end_ms=end_ms, series=count)
+            yield from self._read(
+                selector(metric, which, self.client.matchers),
+                first_ms=first_ms,
+                end_ms=end_ms,
+                series=count,
+            )
 
     def _read(self, selector: str, *, first_ms: int, end_ms: int, series: int) -> Iterator[Series]:
         at = first_ms

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from auditor.collect.prometheus.decode import Series
+from auditor.collect.prometheus.matchers import selector as series_selector
 
 RATE_WINDOW_MIN_MS = 60_000
 """The shortest `rate()` window: the kubelet's cAdvisor is scraped every 15-60 s, and
@@ -82,6 +83,9 @@ MAX_NAMED_PODS = 2_000
 
 class RangeQuerier(Protocol):
     """What the readers ask of a client (`PrometheusClient` is one)."""
+
+    matchers: str
+    """Label matchers every selector carries (one cluster's series)."""
 
     def query_range(
         self, query: str, *, start_s: float, end_s: float, step_s: float
@@ -214,14 +218,15 @@ def read_cadvisor_chunk(
     """The pod rows of one chunk of the grid, for the pods `selector` matches
     (`pod_selector`)."""
     window = f"{rate_window_ms(step_ms)}ms"
-    containers = f'{selector},container!="",container!="POD"'
+    of_pods = ",".join(m for m in (selector, client.matchers) if m)
+    containers = f'{of_pods},container!="",container!="POD"'
     read: dict[str, dict[_Key, dict[int, float]]] = {}
     for what, metric in CADVISOR.items():
         by = "by (namespace, pod, container)"
         if what in GAUGES:
             expr = f"max {by} (last_over_time({metric}{{{containers}}}[{window}]))"
         else:
-            chosen = containers if what in {"cpu", "periods", "throttled"} else selector
+            chosen = containers if what in {"cpu", "periods", "throttled"} else of_pods
             if what in {"rx", "tx"}:
                 chosen += ',interface!="lo"'
             expr = f"sum {by} (rate({metric}{{{chosen}}}[{window}]))"
@@ -325,7 +330,7 @@ def read_dcgm_traffic_chunk(
     read: dict[str, dict[str, dict[int, float]]] = {}
     for what, metric in DCGM.items():
         answer = client.query_range(
-            f"last_over_time({metric}[{max(step_ms - 1, 1)}ms])",
+            f"last_over_time({series_selector(metric, client.matchers)}[{max(step_ms - 1, 1)}ms])",
             start_s=first_ms / 1000,
             end_s=last_ms / 1000,
             step_s=step_ms / 1000,
