@@ -283,3 +283,19 @@ def test_compare_of_a_team_in_both_clusters_adds_them(
     both = side(shared, sel).figures["allocated_gpu_hours"]
     each = [side(alone[c], sel).figures["allocated_gpu_hours"] for c in CLUSTERS]
     assert both == pytest.approx(sum(each), abs=1e-9)
+
+
+def test_a_bad_cluster_label_is_one_line(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'auditor.db'}"
+    cases = {
+        ("audit", "--cluster-label", "cluster"): "--cluster-label goes with --samples-from",
+        (
+            "import", "prometheus", "--url", "http://127.0.0.1:9", "--since", "1h",
+            "--cluster", "east", "--cluster-label", "bad label",
+        ): "not a label name",
+    }  # fmt: skip
+    for args, said in cases.items():
+        result = runner.invoke(app, ["--db", url, *args])
+        assert result.exit_code != 0, args
+        assert said in result.output, result.output
+        assert len(result.output.strip().splitlines()) == 1, result.output
