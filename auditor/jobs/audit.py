@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from auditor import __version__
 from auditor.errors import InputError
-from auditor.jobs.common import nulls, open_store
+from auditor.jobs.common import nulls, one_cluster, open_store
 from auditor.model import DEFAULT_CLUSTER, Window
 from auditor.settings import Thresholds
 
@@ -178,13 +178,7 @@ def stored_clusters(url: str) -> list[str]:
 
 def only_cluster(url: str) -> str:
     """The one cluster the store holds; an error naming them where it holds several."""
-    found = stored_clusters(url)
-    if len(found) > 1:
-        raise InputError(
-            f"the store holds {len(found)} clusters ({', '.join(found)}): name one with --cluster",
-            field="--cluster",
-        )
-    return found[0]
+    return one_cluster(stored_clusters(url), what="the store")
 
 
 def audit_clusters(

@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
-from auditor.errors import AuditorError, StoreError
+from auditor.errors import AuditorError, InputError, StoreError
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -163,3 +163,14 @@ def nulls(series: pd.Series) -> list[object]:
     import pandas as pd
 
     return [None if pd.isna(v) else v for v in series.tolist()]
+
+
+def one_cluster(found: list[str], *, what: str) -> str:
+    """The one cluster of `found` (sorted); an InputError naming them, and `--cluster`, where
+    `what` (the store, a job) is in several."""
+    if len(found) > 1:
+        raise InputError(
+            f"{what} is in {len(found)} clusters ({', '.join(found)}): name one with --cluster",
+            field="--cluster",
+        )
+    return found[0]

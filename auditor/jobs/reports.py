@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from auditor.errors import InputError
-from auditor.jobs.common import iso, open_store
+from auditor.jobs.common import iso, one_cluster, open_store
 from auditor.model import DEFAULT_CLUSTER, RunSlice, Window
 from auditor.settings import Config, Thresholds
 
@@ -279,12 +279,7 @@ def target_cluster(conn: Connection, target: str) -> str:
     pods = reads.read_pods(conn)
     _, uids = resolve_target(pods, target)
     found = sorted(set(pods.loc[pods["uid"].isin(uids), "cluster"].astype(str)))
-    if len(found) > 1:
-        raise InputError(
-            f"{target!r} is in clusters {', '.join(found)}: name one with --cluster",
-            field="--cluster",
-        )
-    return found[0]
+    return one_cluster(found, what=repr(target))
 
 
 def explain(

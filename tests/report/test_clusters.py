@@ -299,3 +299,26 @@ def test_a_bad_cluster_label_is_one_line(tmp_path: Path) -> None:
         assert result.exit_code != 0, args
         assert said in result.output, result.output
         assert len(result.output.strip().splitlines()) == 1, result.output
+
+
+def test_explain_of_a_job_in_both_clusters_asks_which(shared: str, alone: dict[str, str]) -> None:
+    engine = make_engine(shared)
+    try:
+        with engine.connect() as conn:
+            of = {
+                c: set(conn.execute(select(pods.c.namespace, pods.c.job).where(
+                    pods.c.cluster == c, pods.c.node.is_not(None))).all())
+                for c in CLUSTERS
+            }  # fmt: skip
+    finally:
+        engine.dispose()
+    namespace, job = sorted(of["east"] & of["west"])[0]
+    target = f"{namespace}/{job}"
+    asked = runner.invoke(app, ["--db", shared, "explain", target])
+    assert asked.exit_code != 0
+    assert "east, west" in asked.output
+    assert "--cluster" in asked.output
+    for name in CLUSTERS:
+        assert cli(shared, "explain", target, "--cluster", name) == cli(
+            alone[name], "explain", target
+        )
