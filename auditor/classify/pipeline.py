@@ -198,6 +198,15 @@ def _unheld_and_unobserved(
     )
 
 
+def present(gpu: pd.Series) -> set[str]:
+    """The GPUs a column names. A categorical one (the store's reads) is read from its codes:
+    turning millions of rows into strings to hash them took longer than classifying them."""
+    if isinstance(gpu.dtype, pd.CategoricalDtype):
+        used = np.unique(gpu.cat.codes.to_numpy())
+        return {str(c) for c in gpu.cat.categories[used[used >= 0]]}
+    return {str(g) for g in gpu.dropna().unique()}
+
+
 def classify(
     samples: pd.DataFrame,
     tenures: pd.DataFrame,
@@ -229,7 +238,7 @@ def classify(
     of `piece_categories` only when given.
     `hour_ms`: also return the results per bucket of that length (`Classification.hourly`).
     """
-    sampled = set(samples["gpu"].dropna().astype(str))
+    sampled = present(samples["gpu"])
     unsampled = unsampled_results(tenures, sampled=sampled, window=window, cards=cards)
     # the unsampled cards' pieces too, so that the pieces always sum to the results
     extra = (
