@@ -9,6 +9,7 @@ audit does, so memory follows the chunk, not the fleet or the window. Needs no a
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from auditor.errors import InputError
@@ -71,7 +72,8 @@ def replay_stored(
 
     As the audit does, whole nodes are classified together with the cards of their gangs on
     other nodes, as many nodes per chunk as keep its samples within `chunk_samples`; each
-    chunk's own pods are replayed there, and the pods of all chunks summed per team."""
+    chunk's own pods are replayed there, and the pods of all chunks summed per team. The
+    next chunk is read, on a connection of its own, while one is classified."""
     import pandas as pd
 
     from auditor.classify.pipeline import classify
@@ -102,33 +104,48 @@ def replay_stored(
     period_ms = max(1, round(thresholds.default_period_s * 1000))
     info = pods[["uid", "namespace", "name", "team", "job_kind"]]
     per_pod = []
-    for own, context in audit_parts(
-        gpus[gpus["uuid"].isin(ranges)],
-        over,
-        shard=None,
-        budget=chunk_samples,
-        cost={u: (b - a) // period_ms for u, (a, b) in ranges.items()},
-    ):
+    parts = list(
+        audit_parts(
+            gpus[gpus["uuid"].isin(ranges)],
+            over,
+            shard=None,
+            budget=chunk_samples,
+            cost={u: (b - a) // period_ms for u, (a, b) in ranges.items()},
+        )
+    )
+
+    def load(context: set[str]) -> pd.DataFrame:
+        """A chunk's samples, on a connection of its own: read while the previous chunk is
+        classified, as the audit reads them."""
         wanted = [(gpu_ids[u], *ranges[u]) for u in sorted(context)]
-        samples = with_rolled(
-            reads.read_card_samples(conn, wanted, uuids), read_rolled_card_samples(conn, wanted)
-        )
-        part = over[over["gpu"].isin(context)]
-        found = classify(
-            samples, part, window=span(part, window), thresholds=thresholds,
-            keep_pieces=True,
-        )  # fmt: skip
-        assert found.pieces is not None
-        replayed = replay_pods(
-            card_rows(found.pieces),
-            pods=info,
-            tenures=part,
-            policies=policies,
-            window=window,
-            thresholds=thresholds,
-        )
-        mine = set(part.loc[part["gpu"].isin(own), "pod_uid"])
-        per_pod.append(replayed[replayed["pod_uid"].isin(mine)])
-        del samples, found
+        with conn.engine.connect() as own_conn:
+            return with_rolled(
+                reads.read_card_samples(own_conn, wanted, uuids),
+                read_rolled_card_samples(own_conn, wanted),
+            )
+
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="whatif-read") as pool:
+        ahead = [pool.submit(load, parts[0][1])] if parts else []
+        for i, (own, context) in enumerate(parts):
+            samples = ahead.pop().result()
+            if i + 1 < len(parts):
+                ahead.append(pool.submit(load, parts[i + 1][1]))
+            part = over[over["gpu"].isin(context)]
+            found = classify(
+                samples, part, window=span(part, window), thresholds=thresholds,
+                keep_pieces=True,
+            )  # fmt: skip
+            assert found.pieces is not None
+            replayed = replay_pods(
+                card_rows(found.pieces),
+                pods=info,
+                tenures=part,
+                policies=policies,
+                window=window,
+                thresholds=thresholds,
+            )
+            mine = set(part.loc[part["gpu"].isin(own), "pod_uid"])
+            per_pod.append(replayed[replayed["pod_uid"].isin(mine)])
+            del samples, found
     rows = pd.concat(per_pod, ignore_index=True) if per_pod else pd.DataFrame(columns=POD_OUT)
     return summarise(rows, policies=policies, window=window)
