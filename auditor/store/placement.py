@@ -94,9 +94,12 @@ def memory_in_use(
     spans: dict[str, list[tuple[int, int]]] = {}
     ranges = {n: _minutes(v, lo=lo, hi=hi) for n, v in stretches.items()}
     mark = "%s" if conn.dialect.name == "postgresql" else "?"
+    # per minute its first and last reading, grouped by the database: a twelfth of the rows
+    # (at 5 s) reach Python, and the ranges are whole minutes, so no minute is split
     query = (
-        f"SELECT ts_ms FROM gpu_samples WHERE gpu_id = {mark} AND ts_ms >= {mark}"
-        f" AND ts_ms < {mark} AND memory_used_mib > {mark} ORDER BY ts_ms"
+        f"SELECT MIN(ts_ms), MAX(ts_ms) FROM gpu_samples WHERE gpu_id = {mark}"
+        f" AND ts_ms >= {mark} AND ts_ms < {mark} AND memory_used_mib > {mark}"
+        f" GROUP BY ts_ms / {BUCKET_MS} ORDER BY 1"
     )
     cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
     try:
@@ -104,13 +107,7 @@ def memory_in_use(
             minutes: list[tuple[int, int]] = []
             for a, b in ranges[str(node)]:
                 cur.execute(query, (int(gpu_id), a, b, MEMORY_IN_USE_MIB))
-                ts = np.fromiter((r[0] for r in cur.fetchall()), dtype=np.int64)
-                if not ts.size:
-                    continue
-                # per minute its first and last reading, as one grouped pass would give them
-                cut = np.flatnonzero(np.diff(ts // BUCKET_MS)) + 1
-                starts, ends = ts[np.r_[0, cut]], ts[np.r_[cut - 1, ts.size - 1]]
-                minutes += zip(starts.tolist(), ends.tolist(), strict=True)
+                minutes += [(int(first), int(last)) for first, last in cur.fetchall()]
             if minutes:
                 spans[str(uuid)] = memory_spans(minutes)
     finally:
