@@ -7,6 +7,8 @@ pass. This module owns the few idioms those passes share.
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import numpy as np
 import numpy.typing as npt
 import pandas as pd
@@ -128,3 +130,27 @@ def reduce_groups(
     np.maximum.at(most, group, hi)
     total = np.bincount(group, weights=seconds, minlength=uniques.size).astype(np.float64)
     return tuple(k[first] for k in keys), least, most, total, first
+
+
+def run_factorize(values: pd.Series, *, sort: bool = False) -> tuple[IntArr, ObjArr]:
+    """`pd.factorize(values, sort=sort)`, hashing only the first value of each run of equal
+    values: the pieces and samples the classifier hands over come grouped by card and pod,
+    and hashing every row of them cost more than the step that needed the codes."""
+    objects = values.to_numpy(dtype=object)
+    if objects.size == 0:
+        return empty_int(), np.zeros(0, dtype=object)
+    first = np.ones(objects.size, dtype=np.bool_)
+    first[1:] = objects[1:] != objects[:-1]
+    at = np.flatnonzero(first)
+    codes, uniques = pd.factorize(objects[at], sort=sort)
+    out: IntArr = np.repeat(codes.astype(np.int64), np.diff(np.append(at, objects.size)))
+    return out, np.asarray(uniques, dtype=object)
+
+
+def run_isin(values: pd.Series, wanted: Collection[object]) -> BoolArr:
+    """`values.isin(wanted)` as an array, testing only the first value of each run (a
+    missing value is never in)."""
+    codes, uniques = run_factorize(values)
+    hit = np.append(pd.Series(uniques, dtype=object).isin(list(wanted)).to_numpy(), False)
+    out: BoolArr = hit[codes]  # code -1 (missing) reads the appended False
+    return out

@@ -50,6 +50,7 @@ from enum import StrEnum
 import numpy as np
 import pandas as pd
 
+from auditor.classify.arrays import run_factorize
 from auditor.model import WasteCategory
 from auditor.settings import CauseThresholds
 
@@ -143,15 +144,12 @@ def _at(
     # time; each piece finds the last row of its key at or before its midpoint by one
     # binary search, and takes it if it is no older than `stale_ms`. Of rows of one key and
     # time, the last given wins.
-    n = len(pieces)
-    keys = np.concatenate(
-        [
-            pieces[key].astype(str).to_numpy(dtype=object),
-            right[key].astype(str).to_numpy(dtype=object),
-        ]
-    )
+    # the pieces come grouped by card and pod: only their runs' keys are hashed
+    p_runs, p_names = run_factorize(pieces[key].astype(str))
+    keys = np.concatenate([p_names, right[key].astype(str).to_numpy(dtype=object)])
     codes = pd.factorize(keys)[0].astype(np.int64)
-    p_key, r_key = codes[:n], codes[n:]
+    p_key = np.append(codes[: p_names.size], -1)[p_runs]  # a missing key (-1) matches none
+    r_key = codes[p_names.size :]
     r_t = right["ts_ms"].to_numpy(np.int64)
     times = np.unique(r_t)
     width = np.int64(times.size + 1)

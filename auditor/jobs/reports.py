@@ -311,6 +311,7 @@ def _explain(
 ) -> Explanation:
     import pandas as pd
 
+    from auditor.classify.arrays import run_isin
     from auditor.classify.causes import multi_card_pods, split_compute_idle
     from auditor.classify.pipeline import classify
     from auditor.classify.rollup import with_rolled
@@ -358,7 +359,7 @@ def _explain(
         activity=activity,
     )
     assert found.pieces is not None
-    pieces = found.pieces[found.pieces["pod_uid"].isin(uids)]
+    pieces = found.pieces[run_isin(found.pieces["pod_uid"], uids)]
     if pieces.empty:
         raise InputError(f"no GPU samples of {label}'s cards", field="JOB_OR_POD")
     lo, hi = int(pieces["start_ms"].min()), int(pieces["end_ms"].max())

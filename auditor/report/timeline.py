@@ -16,11 +16,13 @@ How a bucket is drawn is the renderers' choice (`auditor.report.explain` for tex
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import pairwise
 
 import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
+from auditor.classify.arrays import run_factorize
 from auditor.model import CATEGORIES, WasteCategory, Window
 
 FloatArr = npt.NDArray[np.float64]
@@ -79,8 +81,8 @@ def bucketise(pieces: pd.DataFrame, *, span: Window, buckets: int = 600) -> list
         return []
     # whole columns as codes, one sort, then a walk over the runs of (card, pod, category):
     # grouping strings in pandas per card cost more than the integrals
-    card, cards = pd.factorize(held["gpu"], sort=True)
-    pod, pods = pd.factorize(held["pod_uid"], sort=True)
+    card, cards = run_factorize(held["gpu"], sort=True)
+    pod, pods = run_factorize(held["pod_uid"], sort=True)
     cat, cats = pd.factorize(held["category"])
     starts = held["start_ms"].to_numpy(dtype=np.float64)
     order = np.lexsort((starts, cat, pod, card))
@@ -92,7 +94,7 @@ def bucketise(pieces: pd.DataFrame, *, span: Window, buckets: int = 600) -> list
     bounds = np.concatenate([[0], cut + 1, [card.size]]).tolist()
     out: list[CardTimeline] = []
     sec: dict[str, FloatArr] = {}
-    for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+    for a, b in pairwise(bounds):
         if not sec:
             sec = {c: np.zeros(n) for c in CATEGORY_NAMES}
         sec[str(cats[cat[a]])] = _integral(starts[a:b], ends[a:b], amounts[a:b], fe)

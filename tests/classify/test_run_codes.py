@@ -1,0 +1,39 @@
+"""The run-length factorisation the timelines, causes and explain use on grouped pieces: the
+same codes, names and membership as pandas gives for any order of values, runs or not."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from auditor.classify.arrays import run_factorize, run_isin
+
+NAMES = st.sampled_from(["GPU-a", "GPU-b", "pod-1", "pod-2", "", None])
+
+
+@settings(max_examples=200, deadline=None)
+@given(values=st.lists(NAMES, max_size=40), sort=st.booleans())
+def test_run_factorize_is_pandas_factorize(values: list[str | None], sort: bool) -> None:
+    series = pd.Series(values, dtype=object)
+    codes, names = run_factorize(series, sort=sort)
+    want_codes, want_names = pd.factorize(series.to_numpy(dtype=object), sort=sort)
+    assert codes.tolist() == want_codes.tolist()
+    assert list(names) == list(want_names)
+
+
+@settings(max_examples=200, deadline=None)
+@given(values=st.lists(NAMES, max_size=40), wanted=st.sets(NAMES.filter(bool), max_size=3))
+def test_run_isin_is_pandas_isin(values: list[str | None], wanted: set[str]) -> None:
+    series = pd.Series(values, dtype=object)
+    assert run_isin(series, wanted).tolist() == series.isin(list(wanted)).tolist()
+
+
+def test_a_column_grouped_in_runs_keeps_its_runs_and_sorted_names() -> None:
+    cards = pd.Series(np.repeat(np.array(["GPU-b", "GPU-a", "GPU-b"], dtype=object), 1000))
+    codes, names = run_factorize(cards, sort=True)
+    assert list(names) == ["GPU-a", "GPU-b"]
+    assert codes[:1000].tolist() == [1] * 1000
+    assert codes[1000:2000].tolist() == [0] * 1000
+    assert codes[2000:].tolist() == [1] * 1000
