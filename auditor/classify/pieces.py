@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from auditor.classify import codes
-from auditor.classify.arrays import BoolArr, FloatArr, IntArr, ObjArr, reduce_groups
+from auditor.classify.arrays import BoolArr, FloatArr, IntArr, ObjArr, order_by, reduce_groups
 from auditor.classify.timeline import TenureTable
 from auditor.model import CATEGORIES, Window
 
@@ -224,7 +224,11 @@ def piece_frame(
     pod = np.full(keep.size, -1, dtype=np.int64)
     pod[held] = tenures.pod[tenure[held]]
     # sorted for a reader that walks them in time; a selection (the audit's) needs no order
-    order = np.lexsort((category, start, pod, gpu)) if categories is None else np.arange(keep.size)
+    order = (
+        order_by(gpu, pod + 1, start - start.min(), category)
+        if categories is None
+        else np.arange(keep.size)
+    )
     pod_uid = np.full(keep.size, None, dtype=object)
     pod_uid[held] = tenures.pods[pod[held]]
     names = np.array([str(c) for c in CATEGORIES], dtype=object)
