@@ -170,7 +170,11 @@ def watch(
     from auditor.jobs.metrics import AuditCollector, latest_audit_figures
 
     metrics.registry.register(
-        AuditCollector(lambda: latest_audit_figures(engine), top_jobs=options.audit_top_jobs)
+        AuditCollector(
+            lambda: latest_audit_figures(engine, cluster=options.cluster),
+            cluster=options.cluster,
+            top_jobs=options.audit_top_jobs,
+        )
     )
     from auditor.jobs.watch_dra import DraSink, WatchedDra
 

@@ -6,7 +6,9 @@ and by job, `totals`), so a dashboard reads what `auditor report --format json` 
 
 Cardinality is bounded by design: one series per team × category (teams are few), the
 fleet's ratios, and the figures of the `top_jobs` jobs that wasted most (scheduling waste
-plus compute idle), never one series per pod or card. Label values are names made
+plus compute idle), never one series per pod or card. Every family's first label is the
+audited cluster's name (one value per watcher), so the watchers of several clusters
+scraped into one Prometheus stay apart. Label values are names made
 `terminal_safe` and escaped by the exposition writer, as in `auditor.report.prometheus`.
 
 Every name this module can emit is in `AUDIT_METRIC_NAMES`: the tests check that the
@@ -35,8 +37,11 @@ TOP_JOBS = 10
 
 @dataclass(frozen=True)
 class AuditFigures:
-    """What the metrics show of one audit: its window, when it was stored, the summaries."""
+    """What the metrics show of one audit: its cluster, its window, when it was stored, the
+    summaries."""
 
+    cluster: str
+    """The cluster audited (SPEC §11): every family carries it as its first label."""
     window: Window
     completed_ms: int
     """When the audit run was stored (the latest shard's time for a sharded audit)."""
@@ -50,13 +55,15 @@ class AuditFigures:
 def audit_figures(
     results: pd.DataFrame,
     *,
+    cluster: str,
     window: Window,
     completed_ms: int,
     causes: pd.DataFrame | None = None,
 ) -> AuditFigures:
-    """The figures of one audit from its stored results (as `reads.read_results` gives them)
-    and cause rows (`auditor.store.signals.read_causes`)."""
+    """The figures of one audit of `cluster` from its stored results (as `reads.read_results`
+    gives them) and cause rows (`auditor.store.signals.read_causes`)."""
     return AuditFigures(
+        cluster=cluster,
         window=window,
         completed_ms=completed_ms,
         teams=summarise(results, by=GroupBy.TEAM, causes=causes),
@@ -96,14 +103,20 @@ _TEAM_RATIOS: tuple[tuple[str, str, str], ...] = (
 )
 
 
+CLUSTER_LABEL = "cluster"
+"""The first label of every audit family: the watchers of several clusters scraped into one
+Prometheus (or Thanos, Mimir) serve series that stay apart."""
+
+
 def _gauge(name: str, doc: str, labels: list[str] | None = None) -> GaugeMetricFamily:
-    return GaugeMetricFamily(f"{PREFIX}_{name}", doc, labels=labels)
+    return GaugeMetricFamily(f"{PREFIX}_{name}", doc, labels=[CLUSTER_LABEL, *(labels or [])])
 
 
 def audit_families(figures: AuditFigures | None, *, top_jobs: int = TOP_JOBS) -> list[Metric]:
     """The metric families of an audit; none before the first audit (alerts use `absent`)."""
     if figures is None:
         return []
+    c = terminal_safe(figures.cluster)
     out: list[Metric] = []
     teams = figures.teams.to_dict("records")
     hours = _gauge(
@@ -120,15 +133,15 @@ def audit_families(figures: AuditFigures | None, *, top_jobs: int = TOP_JOBS) ->
     for rec in teams:
         team = terminal_safe(str(rec["team"]))
         for cat in CATEGORIES:
-            hours.add_metric([team, cat.value], float(rec[f"{cat.value}_gpu_hours"]))
-        held.add_metric([team], float(rec["allocated_gpu_hours"]))
+            hours.add_metric([c, team, cat.value], float(rec[f"{cat.value}_gpu_hours"]))
+        held.add_metric([c, team], float(rec["allocated_gpu_hours"]))
     out += [hours, held]
     for suffix, column, doc in _TEAM_RATIOS:
         family = _gauge(suffix, doc, ["team"])
         for rec in teams:
             value = _ratio(float(rec[column]), float(rec["allocated_gpu_hours"]))
             if value is not None:  # the platform holds nothing: no share to speak of
-                family.add_metric([terminal_safe(str(rec["team"]))], value)
+                family.add_metric([c, terminal_safe(str(rec["team"]))], value)
         out.append(family)
     inferred = _gauge(
         "inferred_mapping_ratio",
@@ -139,11 +152,11 @@ def audit_families(figures: AuditFigures | None, *, top_jobs: int = TOP_JOBS) ->
     for rec in teams:
         value = rec["inferred_share"]
         if value is not None and not pd.isna(value):
-            inferred.add_metric([terminal_safe(str(rec["team"]))], float(value))
+            inferred.add_metric([c, terminal_safe(str(rec["team"]))], float(value))
     out.append(inferred)
-    out += _cause_families(teams)
-    out += _fleet_families(figures.totals)
-    out += _job_families(figures.jobs, top_jobs=top_jobs)
+    out += _cause_families(c, teams)
+    out += _fleet_families(c, figures.totals)
+    out += _job_families(c, figures.jobs, top_jobs=top_jobs)
     for name, doc, value in (
         ("window_start_timestamp_seconds", "Start of the latest complete audit's window.",
          figures.window[0]),
@@ -153,12 +166,12 @@ def audit_families(figures: AuditFigures | None, *, top_jobs: int = TOP_JOBS) ->
          figures.completed_ms),
     ):  # fmt: skip
         family = _gauge(name, doc)
-        family.add_metric([], value / 1000)
+        family.add_metric([c], value / 1000)
         out.append(family)
     return out
 
 
-def _cause_families(teams: list[dict[Hashable, Any]]) -> list[Metric]:
+def _cause_families(c: str, teams: list[dict[Hashable, Any]]) -> list[Metric]:
     """GPU-hours per team, split category and cause (SPEC §10), and the share of each split
     that rests on no recorded signal."""
     hours = _gauge(
@@ -179,14 +192,14 @@ def _cause_families(teams: list[dict[Hashable, Any]]) -> list[Metric]:
             for name in names:
                 value = rec.get(f"{category}_{name}_gpu_hours")
                 if isinstance(value, float) and value > 0:
-                    hours.add_metric([team, category, name], value)
+                    hours.add_metric([c, team, category, name], value)
             share = rec.get(f"{category}_no_signal_share")
             if isinstance(share, float) and not math.isnan(share):
-                blind.add_metric([team, category], share)
+                blind.add_metric([c, team, category], share)
     return [hours, blind]
 
 
-def _fleet_families(t: dict[str, float]) -> list[Metric]:
+def _fleet_families(c: str, t: dict[str, float]) -> list[Metric]:
     alloc, capacity = t["allocated_gpu_hours"], t["capacity_gpu_hours"]
     values = (
         ("capacity_gpu_hours", "GPU-hours of capacity in the latest complete audit's window.",
@@ -206,7 +219,7 @@ def _fleet_families(t: dict[str, float]) -> list[Metric]:
     for name, doc, value in values:
         family = _gauge(name, doc)
         if value is not None:
-            family.add_metric([], float(value))
+            family.add_metric([c], float(value))
         out.append(family)
     return out
 
@@ -233,7 +246,7 @@ JOB_LABELS = ("team", "job_namespace", "job_name")
 and would rename ours `exported_namespace`, `exported_job`."""
 
 
-def _job_families(jobs: pd.DataFrame, *, top_jobs: int) -> list[Metric]:
+def _job_families(c: str, jobs: pd.DataFrame, *, top_jobs: int) -> list[Metric]:
     keys = ["team", "namespace", "job"]
     labels = list(JOB_LABELS)
     hours = _gauge(
@@ -247,8 +260,8 @@ def _job_families(jobs: pd.DataFrame, *, top_jobs: int) -> list[Metric]:
         names = [terminal_safe(str(rec[k])) for k in keys]
         for cat in CATEGORIES:
             if cat.value != "unallocated":  # a job holds its cards: never unallocated
-                hours.add_metric([*names, cat.value], float(rec[f"{cat.value}_gpu_hours"]))
-        held.add_metric(names, float(rec["allocated_gpu_hours"]))
+                hours.add_metric([c, *names, cat.value], float(rec[f"{cat.value}_gpu_hours"]))
+        held.add_metric([c, *names], float(rec["allocated_gpu_hours"]))
     return [hours, held]
 
 

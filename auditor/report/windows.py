@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from auditor.model import RunSlice, Window
+from auditor.model import DEFAULT_CLUSTER, RunSlice, Window
 
 HOUR_MS = 3_600_000
 
@@ -181,17 +181,29 @@ class LatestAudit:
     window: Window
     completed_ms: int
     """When its last run (its last shard) was stored."""
+    cluster: str = DEFAULT_CLUSTER
+    """The cluster its runs audited (SPEC §11)."""
 
 
-def latest_complete(runs: pd.DataFrame) -> LatestAudit | None:
+def latest_complete(runs: pd.DataFrame, *, cluster: str | None = None) -> LatestAudit | None:
     """The most recently stored audit window whose runs are complete (an unsharded run, or
     every shard of a sharded one): a sharded audit still running, or one whose shards
     failed, does not hide the previous complete one. `runs` as in `choose_runs`, with
-    created_ms. None when no window is complete."""
+    created_ms, and a `cluster` column where they may be of several clusters: the runs of
+    two clusters are never one audit (a shard of one cluster does not complete another's
+    window). With `cluster`, only that cluster's runs are considered; else the latest
+    audit of any cluster. None when no window is complete."""
+    if "cluster" in runs.columns:
+        if cluster is not None:
+            runs = runs[runs["cluster"] == cluster]
+        clusters = runs["cluster"].astype(str)
+    else:  # runs of one cluster: the default one unless told
+        clusters = pd.Series(cluster or DEFAULT_CLUSTER, index=runs.index, dtype=object)
     best: LatestAudit | None = None
-    best_key: tuple[int, int] | None = None
-    for key, group in runs.groupby(["window_start_ms", "window_end_ms"], sort=True):
-        a, b = (int(str(v)) for v in key)
+    best_key: tuple[int, int, str] | None = None
+    keys = [clusters.rename("_cluster"), runs["window_start_ms"], runs["window_end_ms"]]
+    for key, group in runs.groupby(keys, sort=True):
+        name, a, b = str(key[0]), int(str(key[1])), int(str(key[2]))
         shards = set(group["shard"])
         if "all" in shards:
             chosen = group[group["shard"] == "all"]
@@ -200,12 +212,13 @@ def latest_complete(runs: pd.DataFrame) -> LatestAudit | None:
         else:
             continue
         completed = int(chosen["created_ms"].max())
-        rank = (completed, b)
+        rank = (completed, b, name)
         if best_key is None or rank > best_key:
             best_key = rank
             best = LatestAudit(
                 run_ids=sorted(int(i) for i in chosen["id"]),
                 window=Window(a, b),
                 completed_ms=completed,
+                cluster=name,
             )
     return best

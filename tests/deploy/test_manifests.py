@@ -87,6 +87,8 @@ def test_every_documented_setup_has_a_case() -> None:
         ({"config": {"thresholds": {"idle_treshold_pct": 3}}}, "idle_treshold_pct"),
         ({"finance": {"out": "finance.csv"}}, "/finance/out"),
         ({"sampler": {"tolerations": [{"key": "a", "operator": "Equals"}]}}, "operator"),
+        ({"cluster": "us east"}, "/cluster"),
+        ({"cluster": "-east"}, "/cluster"),
     ],
 )
 def test_the_schema_refuses_a_wrong_value(
@@ -284,6 +286,41 @@ def test_sampler_reads_gpus_without_taking_one(case: str) -> None:
     assert mounts["/var/lib/kubelet/pod-resources"]["readOnly"] is True
     assert {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"} in container["env"]
     assert ("--process-util" in container["args"]) is values(case)["sampler"]["processUtil"]
+
+
+# --- several clusters in one database --------------------------------------------------
+
+WRITERS = {("DaemonSet", "auditor-sampler"), ("Deployment", "auditor-watcher")}
+
+
+def _env(container: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value") for e in container.get("env", [])}
+
+
+@pytest.mark.parametrize(("sets", "want"), [((), "default"), (("cluster=east",), "east")])
+def test_each_release_records_and_audits_its_own_cluster(sets: tuple[str, ...], want: str) -> None:
+    """The sampler and the watcher record their data as the `cluster` value's, and the daily
+    audit, sharded or not, audits that cluster alone (`auditor audit` without --cluster
+    audits every cluster the database holds)."""
+    for case in ("postgres", "sharded"):
+        kinds = {(o["kind"], o["metadata"]["name"]): o for o in objects(case, *sets)}
+        assert kinds.keys() >= WRITERS
+        for key, obj in kinds.items():
+            if obj["kind"] not in ("DaemonSet", "Deployment", "CronJob"):
+                continue
+            (container,) = pod_spec(obj)["containers"]
+            assert _env(container).get("AUDITOR_CLUSTER") == want, key
+        (audit,) = pod_spec(kinds[("CronJob", "auditor-audit")])["containers"]
+        i = audit["args"].index("--cluster")
+        assert audit["args"][i + 1] == "$(AUDITOR_CLUSTER)"  # Kubernetes substitutes it
+
+
+def test_the_schema_takes_the_cluster_names_the_auditor_takes() -> None:
+    from auditor.settings import CLUSTER_NAME
+
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    assert schema["properties"]["cluster"]["pattern"] == f"^{CLUSTER_NAME.pattern}$"
+    assert values("postgres")["cluster"] == "default"
 
 
 # --- what a real cluster needs of the sampler --------------------------------------------
@@ -547,7 +584,11 @@ def test_namespaces_created_elsewhere_are_left_alone() -> None:
 
 def _env_value(match: re.Match[str]) -> str:
     """What Kubernetes substitutes for $(VAR) in a container's args."""
-    return {"$(NODE_NAME)": "gpu-node-1", "$(JOB_COMPLETION_INDEX)": "0"}[match.group(0)]
+    return {
+        "$(NODE_NAME)": "gpu-node-1",
+        "$(JOB_COMPLETION_INDEX)": "0",
+        "$(AUDITOR_CLUSTER)": "east",
+    }[match.group(0)]
 
 
 def _parse(args: list[str]) -> None:

@@ -155,6 +155,23 @@ def test_the_service_monitors_reach_the_metrics_ports() -> None:
         assert endpoint["path"] == "/metrics"
 
 
+def test_the_service_monitors_label_each_series_with_the_releases_cluster() -> None:
+    """The sampler's series carry no cluster of their own: node names repeat between
+    clusters, so the ServiceMonitors add the release's `cluster`; the watcher's audit
+    series carry theirs, which the endpoint honours (not renamed `exported_cluster`)."""
+    for sets, want in (((), "default"), (("cluster=east",), "east")):
+        objs = objects("observability", *sets)
+        for component in ("watcher", "sampler"):
+            (monitor,) = the(objs, "ServiceMonitor", f"auditor-{component}")
+            (endpoint,) = monitor["spec"]["endpoints"]
+            assert endpoint["honorLabels"] is True
+            assert {
+                "targetLabel": "cluster",
+                "replacement": want,
+                "action": "replace",
+            } in endpoint["relabelings"]
+
+
 def test_the_dashboard_is_a_configmap_for_grafanas_sidecar() -> None:
     objs = objects("observability")
 
@@ -210,7 +227,7 @@ def panel_queries() -> list[tuple[str, str]]:
 
 def grafana_free(expr: str) -> str:
     """PromQL as Grafana sends it: multi-value variables become regexes."""
-    return expr.replace("$team", ".*")
+    return expr.replace("$team", ".*").replace("$cluster", ".*")
 
 
 def run_promtool(*args: str, cwd: Path) -> str:
@@ -300,6 +317,57 @@ def exported() -> set[str]:
 )
 def test_metric_names(expr: str, names: set[str]) -> None:
     assert metric_names(expr) == names
+
+
+SELECTOR = re.compile(r"\b(auditor_\w+)(\{[^}]*\})?")
+"""An auditor metric and its label matchers in a PromQL expression."""
+
+
+def test_the_cluster_variable_comes_first_and_filters_every_panel() -> None:
+    """Several clusters scraped into one Prometheus: the Cluster variable (every value, or
+    several) comes before Team, whose values it narrows, and every query of an auditor
+    metric keeps to it; the sampler's and watcher's series too (the ServiceMonitors label
+    them)."""
+    dashboard = json.loads((FILES / "dashboard.json").read_text())
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    names = list(variables)
+    assert names.index("cluster") < names.index("team")
+    cluster = variables["cluster"]
+    assert cluster["definition"] == "label_values(auditor_audit_gpu_hours, cluster)"
+    assert cluster["multi"] is True
+    assert cluster["includeAll"] is True
+    assert 'cluster=~"$cluster"' in variables["team"]["definition"]
+    selectors = [
+        (where, m.group(1), m.group(2) or "")
+        for where, expr in panel_queries()
+        if where != "variable cluster"
+        for m in SELECTOR.finditer(expr)
+    ]
+    assert selectors
+    unfiltered = [(w, n) for w, n, labels in selectors if 'cluster=~"$cluster"' not in labels]
+    assert unfiltered == []
+
+
+AGGREGATION = re.compile(r"\b(?:sum|max|min|avg|count)\s*(?:by\s*\(([^)]*)\)\s*)?\((.*)")
+"""An aggregation, its `by` labels (None: all merged) and what follows it."""
+
+
+def test_no_panel_nor_alert_merges_two_clusters_shares_or_ages() -> None:
+    """A ratio or a timestamp of two clusters does not add up: wherever one is aggregated,
+    the cluster is kept (one series per cluster); GPU-hours may be added over clusters."""
+    queries = [*panel_queries()] + [
+        (f"alert {r['alert']}", str(r["expr"])) for g in rule_groups()["groups"] for r in g["rules"]
+    ]
+    merged = []
+    for where, expr in queries:
+        for m in AGGREGATION.finditer(expr):
+            by = {label.strip() for label in (m.group(1) or "").split(",")}
+            inner = SELECTOR.search(m.group(2))
+            assert inner is not None, (where, expr)
+            name = inner.group(1)
+            if name.endswith(("_ratio", "_seconds")) and "cluster" not in by:
+                merged.append((where, name))
+    assert merged == []
 
 
 def test_rules_and_dashboard_name_only_metrics_the_auditor_exports() -> None:

@@ -11,7 +11,8 @@ A real Prometheus scrapes a real sampler registry on loopback here, with the scr
 Operator generates from the shipped ServiceMonitor: the target labels it adds (from the
 Kubernetes service-discovery meta labels, given as the target's static labels), then the
 endpoint's own relabelings and its `honorLabels`. The alert expressions of the shipped
-PrometheusRule then run against what was stored.
+PrometheusRule then run against what was stored. The watcher's series, the audit's labelled
+with its cluster, are scraped the same way through the watcher's ServiceMonitor.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
@@ -34,6 +36,8 @@ from promserver import PromServer, binaries, start_prometheus
 
 from auditor.agents.sample.metrics import SamplerMetrics
 from auditor.agents.sample.streaks import IdleStreaks
+from auditor.agents.watch.metrics import WatchMetrics
+from auditor.jobs.metrics import AuditCollector
 from auditor.model import GpuSample, Holding
 
 SAMPLER_POD = {
@@ -50,14 +54,18 @@ class _Quiet(WSGIRequestHandler):
         pass
 
 
-def sampler_endpoint() -> dict[str, Any]:
+def endpoint_of(name: str, *sets: str) -> dict[str, Any]:
     (monitor,) = [
         o
-        for o in objects("observability")
-        if o["kind"] == "ServiceMonitor" and o["metadata"]["name"] == "auditor-sampler"
+        for o in objects("observability", *sets)
+        if o["kind"] == "ServiceMonitor" and o["metadata"]["name"] == name
     ]
     (endpoint,) = monitor["spec"]["endpoints"]
     return dict(endpoint)
+
+
+def sampler_endpoint() -> dict[str, Any]:
+    return endpoint_of("auditor-sampler")
 
 
 def rule_expr(alert: str) -> str:
@@ -83,6 +91,7 @@ def operator_scrape_job(endpoint: dict[str, Any], target: str) -> dict[str, Any]
             "target_label": r["targetLabel"],
             "action": r.get("action", "replace"),
         }
+        | ({"replacement": r["replacement"]} if "replacement" in r else {})
         for r in endpoint.get("relabelings", [])
     ]
     return {
@@ -93,6 +102,17 @@ def operator_scrape_job(endpoint: dict[str, Any], target: str) -> dict[str, Any]
         "static_configs": [{"targets": [target], "labels": SAMPLER_POD}],
         "relabel_configs": generated + own,
     }
+
+
+@contextmanager
+def serving(registry: CollectorRegistry) -> Iterator[str]:
+    server: WSGIServer = make_server("127.0.0.1", 0, make_wsgi_app(registry), handler_class=_Quiet)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -111,13 +131,8 @@ def sampler_target() -> Iterator[str]:
     for ts in (start_ms, now_ms):
         sample = GpuSample(gpu_uuid="GPU-a", ts_ms=ts, util=0.0)
         streaks.update(taken_ms=ts, samples=[sample], held=[holding])
-    server: WSGIServer = make_server("127.0.0.1", 0, make_wsgi_app(registry), handler_class=_Quiet)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"127.0.0.1:{server.server_port}"
-    finally:
-        server.shutdown()
+    with serving(registry) as target:
+        yield target
 
 
 def scraped(endpoint: dict[str, Any], target: str, root: Path) -> PromServer:
@@ -147,14 +162,23 @@ def test_the_shipped_servicemonitor_keeps_the_tenants_labels(
     server = scraped(sampler_endpoint(), sampler_target, tmp_path)
     try:
         held_idle = query(server, rule_expr("GpuHeldIdle"))
-        silent = query(server, "max by (node) (auditor_sampler_last_pass_timestamp_seconds)")
+        silent = query(
+            server, "max by (cluster, node) (auditor_sampler_last_pass_timestamp_seconds)"
+        )
     finally:
         server.stop()
     assert [r["metric"] for r in held_idle] == [
-        {"node": "gpu-node-1", "gpu": "GPU-a", "namespace": "ml", "pod": "nb-0"}
+        {
+            "cluster": "default",
+            "node": "gpu-node-1",
+            "gpu": "GPU-a",
+            "namespace": "ml",
+            "pod": "nb-0",
+        }
     ]
-    # the node label of series the sampler does not label itself comes from the relabeling
-    assert [r["metric"] for r in silent] == [{"node": "gpu-node-1"}]
+    # the node and cluster labels of series the sampler does not label itself come from the
+    # relabelings (the cluster: the chart's `cluster` value)
+    assert [r["metric"] for r in silent] == [{"cluster": "default", "node": "gpu-node-1"}]
 
 
 def test_without_honor_labels_the_alert_would_name_the_sampler_pod(
@@ -170,3 +194,24 @@ def test_without_honor_labels_the_alert_would_name_the_sampler_pod(
     assert [(r["metric"]["namespace"], r["metric"]["pod"]) for r in held_idle] == [
         ("gpu-auditor-node", "auditor-sampler-x7k2p")
     ]
+
+
+def test_the_watchers_series_all_carry_its_cluster_under_that_name(tmp_path: Path) -> None:
+    """The audit series name their cluster themselves and the watcher's health series get
+    it from the relabeling: both as `cluster`, none renamed `exported_cluster`."""
+    metrics = WatchMetrics(("pods",))
+    metrics.relist("pods")
+    metrics.registry.register(AuditCollector(lambda: None, cluster="east"))
+    with serving(metrics.registry) as target:
+        server = scraped(endpoint_of("auditor-watcher", "cluster=east"), target, tmp_path)
+        try:
+            read = query(server, "auditor_audit_read_errors_total")
+            relists = query(server, "auditor_watch_relists_total")
+            alert = query(server, rule_expr("GpuAuditorNoAudit"))
+        finally:
+            server.stop()
+    for series in (read, relists):
+        (got,) = series
+        assert got["metric"]["cluster"] == "east"
+        assert "exported_cluster" not in got["metric"]
+    assert [r["metric"] for r in alert] == [{"cluster": "east"}]  # before its `for`

@@ -170,11 +170,12 @@ def test_the_finance_csv_adds_the_causes_then_the_cluster_as_its_last_columns(
 def test_the_metrics_serve_the_causes_per_team(audited: str) -> None:
     from auditor.jobs.common import open_store
     from auditor.jobs.metrics import latest_audit_figures
+    from auditor.model import DEFAULT_CLUSTER
     from auditor.report.audit_metrics import audit_families
 
     engine = open_store(audited)
     try:
-        figures = latest_audit_figures(engine)
+        figures = latest_audit_figures(engine, cluster=DEFAULT_CLUSTER)
     finally:
         engine.dispose()
     families = {f.name: f for f in audit_families(figures)}

@@ -56,7 +56,7 @@ spec:
                 {{- with .env }}
                 {{- . | nindent 16 }}
                 {{- end }}
-                {{- include "auditor.env" (dict "config" true) | nindent 16 }}
+                {{- include "auditor.env" (dict "root" $root "config" true) | nindent 16 }}
               resources:
                 {{- toYaml $v.resources | nindent 16 }}
               {{- include "auditor.containerSecurity" $root | nindent 14 }}

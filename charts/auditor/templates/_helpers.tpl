@@ -115,9 +115,14 @@ url
 {{- end -}}
 {{- end }}
 
-{{/* Environment of a container that reads the database URL and the config. */}}
+{{/* Environment of a container that reads the database URL and the config; with root,
+also the cluster this release runs in (AUDITOR_CLUSTER: what the sampler and the watcher
+record, and what the audit CronJob passes to --cluster). */}}
 {{- define "auditor.env" -}}
 - { name: AUDITOR_DB_URL_FILE, value: /etc/auditor/db/url }
+{{- with .root }}
+- { name: AUDITOR_CLUSTER, value: {{ .Values.cluster | quote }} }
+{{- end }}
 {{- if .config }}
 - { name: AUDITOR_CONFIG, value: /etc/auditor/config/config.toml }
 {{- end }}
