@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
+import sqlite3
 import threading
 import urllib.request
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -383,7 +383,10 @@ def shared_db(sims: dict[str, SimulationResult], tmp_path_factory: pytest.TempPa
 def shared(shared_db: Path, tmp_path: Path) -> str:
     """A copy of the shared database each test may write to."""
     copy = tmp_path / "shared.db"
-    shutil.copyfile(shared_db, copy)
+    # SQLite's backup, not a file copy: what a connection still open left in the -wal file
+    # (the audit runs) is copied too
+    with closing(sqlite3.connect(shared_db)) as src, closing(sqlite3.connect(copy)) as dst:
+        src.backup(dst)
     return f"sqlite:///{copy}"
 
 
