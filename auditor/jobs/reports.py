@@ -244,11 +244,15 @@ class _Holdings:
 
 
 def _read_holdings(
-    conn: Connection, *, target: str | None = None, cluster: str = DEFAULT_CLUSTER
+    conn: Connection,
+    *,
+    target: str | None = None,
+    cluster: str = DEFAULT_CLUSTER,
+    pods: pd.DataFrame | None = None,
 ) -> _Holdings:
     """Every pod and card of `cluster`, and the tenures of every pod, or with `target` only
     of the pods on the nodes its gangs ran on (all that explaining it needs: its gangs'
-    cards and their other tenants)."""
+    cards and their other tenants). `pods`: the cluster's, where already read."""
     from auditor.report.targets import resolve_target
     from auditor.store import reads
     from auditor.store.placement import held_tenures
@@ -259,24 +263,24 @@ def _read_holdings(
     window = (span[0], now_ms) if span else (now_ms, now_ms)
     on_nodes = None
     if target is not None:
-        pods = reads.read_pods(conn, cluster=cluster)
+        if pods is None:
+            pods = reads.read_pods(conn, cluster=cluster)
         _, uids = resolve_target(pods, target)
         gang = pods["gang"].fillna(pods["uid"])
         mates = gang.isin(set(gang[pods["uid"].isin(uids)]))
         on_nodes = set(pods.loc[mates, "node"].dropna().astype(str))
     pods, gpus, tenures = held_tenures(
-        conn, now_ms=now_ms, window=window, on_nodes=on_nodes, cluster=cluster
+        conn, now_ms=now_ms, window=window, on_nodes=on_nodes, cluster=cluster, pods=pods
     )
     return _Holdings(pods, gpus, tenures)
 
 
-def target_cluster(conn: Connection, target: str) -> str:
-    """The cluster a job or pod runs in: an error naming them where a name is in several
-    (SPEC §11: explain it with `--cluster`), or where none has it."""
+def target_cluster(pods: pd.DataFrame, target: str) -> str:
+    """The cluster a job or pod of `pods` (every cluster's) runs in: an error naming them
+    where a name is in several (SPEC §11: explain it with `--cluster`), or where none has
+    it."""
     from auditor.report.targets import resolve_target
-    from auditor.store import reads
 
-    pods = reads.read_pods(conn)
     _, uids = resolve_target(pods, target)
     found = sorted(set(pods.loc[pods["uid"].isin(uids), "cluster"].astype(str)))
     return one_cluster(found, what=repr(target))
@@ -296,11 +300,18 @@ def explain(
     the totals are the classifier's for exactly the span the target held its cards, and the
     timelines are drawn from the same classification's pieces. `cluster`: the cluster it
     runs in (None: the one whose pods have its name)."""
+    from auditor.store import reads
+
     engine = open_store(url)
     try:
         with engine.connect() as conn:
-            of = target_cluster(conn, target) if cluster is None else cluster
-            held = _read_holdings(conn, target=target, cluster=of)
+            if cluster is None:  # every pod is read once: to find the cluster, then to place
+                everyone = reads.read_pods(conn)
+                of = target_cluster(everyone, target)
+                pods = everyone[everyone["cluster"] == of].reset_index(drop=True)
+            else:
+                of, pods = cluster, reads.read_pods(conn, cluster=cluster)
+            held = _read_holdings(conn, target=target, cluster=of, pods=pods)
             return _explain(conn, held, target, thresholds=thresholds, buckets=buckets)
     finally:
         engine.dispose()

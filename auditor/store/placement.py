@@ -136,6 +136,7 @@ def held_tenures(
     memory: Callable[[tuple[int, int]], MemoryInUse] | None = None,
     first_ms: int | None = None,
     cluster: str = DEFAULT_CLUSTER,
+    pods: pd.DataFrame | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(pods, gpus, tenures) as every reader of history places them: the stored exact
     mappings, then Run:ai's links and the cards' memory in use over `window`, then the
@@ -151,11 +152,13 @@ def held_tenures(
     cards' memory in use over an evidence window and `first_ms` the first sample's time.
 
     Everything is `cluster`'s (SPEC §11): its pods, cards, nodes and their evidence alone,
-    so a cluster is placed as it would be in a store holding it alone."""
+    so a cluster is placed as it would be in a store holding it alone. `pods`: its pods as
+    `reads.read_pods` gives them, where the caller has read them already."""
     from auditor.classify.tenures import build_tenures
     from auditor.store import reads
 
-    pods = reads.read_pods(conn, cluster=cluster)
+    if pods is None:
+        pods = reads.read_pods(conn, cluster=cluster)
     gpus = reads.read_gpus(conn, cluster=cluster)
     assignments = reads.read_assignments(conn, cluster=cluster)
     nodes = reads.read_nodes(conn, cluster=cluster)
