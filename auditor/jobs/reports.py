@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -326,7 +327,7 @@ def _explain(
     from auditor.classify.causes import multi_card_pods, split_compute_idle
     from auditor.classify.pipeline import classify
     from auditor.classify.rollup import with_rolled
-    from auditor.jobs.audit import NEIGHBOUR_SAMPLES, READ_MARGIN_MS
+    from auditor.jobs.audit import NEIGHBOUR_SAMPLES, READ_MARGIN_MS, Signals
     from auditor.report.explain import build_explanation
     from auditor.report.targets import resolve_target
     from auditor.report.timeline import bucketise
@@ -347,19 +348,35 @@ def _explain(
     ids = [int(i) for i, u in zip(held.gpus["id"], held.gpus["uuid"], strict=True) if u in cards]
     uuid_of = {int(i): str(u) for i, u in zip(held.gpus["id"], held.gpus["uuid"], strict=True)}
     wanted = [(i, g_lo, g_hi) for i in ids]
-    # read as the audit reads a card (its hot path, and the same neighbours at the edges)
-    samples = with_rolled(
-        reads.read_card_samples(conn, wanted, uuid_of, neighbours=NEIGHBOUR_SAMPLES),
-        read_rolled_card_samples(conn, wanted),
-    )
-    activity = reads.read_tenant_util(conn, wanted, uuid_of)
-    # the other tenants of a shared card decide the target's part of it (SPEC §7)
-    on_cards = tenures[tenures["gpu"].isin(cards) & ~tenures.index.isin(gang.index)]
-    context = pd.concat([gang, on_cards]) if len(on_cards) else gang
     # The target's tenures hold every piece of its cards: their results for this window are
     # their results for the explained span [lo, hi) below, and the gang's findings are clipped
     # to when the target held cards.
     held_span = Window(int(mine["start_ms"].min()), int(mine["end_ms"].max()))
+    margin = round(thresholds.signal_stale_s * 1000) + READ_MARGIN_MS
+
+    def read_rest() -> tuple[pd.DataFrame, pd.DataFrame, Signals]:
+        """What the classification and the causes read beside the samples, on a connection
+        of its own, while the samples are read and classified."""
+        with conn.engine.connect() as own:
+            rolled = read_rolled_card_samples(own, wanted)
+            activity = reads.read_tenant_util(own, wanted, uuid_of)
+            signals = Signals(
+                pods=read_pod_signals(own, sorted(uids), window=held_span, margin_ms=margin),
+                cards=read_card_signals(
+                    own, window=held_span, margin_ms=margin, cards={i: uuid_of[i] for i in ids}
+                ),
+            )
+            return rolled, activity, signals
+
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="explain-read") as pool:
+        rest = pool.submit(read_rest)
+        # read as the audit reads a card (its hot path, and the same neighbours at the edges)
+        raw = reads.read_card_samples(conn, wanted, uuid_of, neighbours=NEIGHBOUR_SAMPLES)
+        rolled, activity, signals = rest.result()
+    samples = with_rolled(raw, rolled)
+    # the other tenants of a shared card decide the target's part of it (SPEC §7)
+    on_cards = tenures[tenures["gpu"].isin(cards) & ~tenures.index.isin(gang.index)]
+    context = pd.concat([gang, on_cards]) if len(on_cards) else gang
     found = classify(
         samples,
         context,
@@ -375,13 +392,10 @@ def _explain(
         raise InputError(f"no GPU samples of {label}'s cards", field="JOB_OR_POD")
     lo, hi = int(pieces["start_ms"].min()), int(pieces["end_ms"].max())
     # why the target's cards idled (SPEC §10): its pods' and cards' signals over its span
-    margin = round(thresholds.signal_stale_s * 1000) + READ_MARGIN_MS
     idle = split_compute_idle(
         pieces,
-        pod_signals=read_pod_signals(conn, sorted(uids), window=held_span, margin_ms=margin),
-        card_signals=read_card_signals(
-            conn, window=held_span, margin_ms=margin, cards={i: uuid_of[i] for i in ids}
-        ),
+        pod_signals=signals.pods,
+        card_signals=signals.cards,
         multi_card_pods=multi_card_pods(gang),
         thresholds=thresholds.causes,
     )

@@ -22,7 +22,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from auditor.classify.arrays import run_factorize
+from auditor.classify.arrays import order_by, run_factorize
 from auditor.model import CATEGORIES, WasteCategory, Window
 
 FloatArr = npt.NDArray[np.float64]
@@ -85,7 +85,8 @@ def bucketise(pieces: pd.DataFrame, *, span: Window, buckets: int = 600) -> list
     pod, pods = run_factorize(held["pod_uid"], sort=True)
     cat, cats = pd.factorize(held["category"])
     starts = held["start_ms"].to_numpy(dtype=np.float64)
-    order = np.lexsort((starts, cat, pod, card))
+    at = held["start_ms"].to_numpy(dtype=np.int64)
+    order = order_by(card, pod, cat, at - at.min())
     card, pod, cat = card[order], pod[order], cat[order]
     starts = starts[order]
     ends = held["end_ms"].to_numpy(dtype=np.float64)[order]
