@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from auditor.classify.arrays import order_by, run_factorize, starts_of
 from auditor.classify.policy import Policy, parse_policy
 from auditor.model import WasteCategory, Window
 from auditor.settings import Thresholds
@@ -70,25 +71,41 @@ def card_rows(pieces: pd.DataFrame) -> pd.DataFrame:
         for c in ("util", "busy", *RELEASED):
             frame[str(c)] = pd.Series([], dtype=np.float64)
         return frame
-    wide = (
-        held.groupby([*key, "category"], sort=True, observed=True)["seconds"]
-        .sum()
-        .unstack("category")
-        .fillna(0.0)
+    # One sort by codes and one pass of sums, where pandas grouped five keys and unstacked
+    # them: the pieces come sorted by card and pod, so only their runs' names are hashed.
+    gpu, gpu_names = run_factorize(held["gpu"], sort=True)
+    pod, pod_names = run_factorize(held["pod_uid"], sort=True)
+    category, category_names = pd.factorize(held["category"])
+    start = held["start_ms"].to_numpy(dtype=np.int64)
+    end = held["end_ms"].to_numpy(dtype=np.int64)
+    seconds = held["seconds"].to_numpy(dtype=np.float64)
+    order = order_by(gpu, pod, start - start.min(), end - end.min())
+    gpu, pod, start, end = gpu[order], pod[order], start[order], end[order]
+    category, seconds = category[order], seconds[order]
+    first = starts_of(gpu, pod, start, end)
+    group = np.cumsum(first) - 1
+    at = np.flatnonzero(first)
+    cells = np.zeros((at.size, len(category_names)))
+    np.add.at(cells, (group, category), seconds)
+    column = {str(name): cells[:, i] for i, name in enumerate(category_names)}
+    none = np.zeros(at.size)
+    length = (end[at] - start[at]).astype(np.float64) / 1000.0
+    busy = column.get("busy", none)
+    observed = column.get("unobserved", none) <= 0
+    util = np.where(observed, 100.0 * busy / np.maximum(length, 1e-9), np.nan)
+    out = pd.DataFrame(
+        {
+            "gpu": gpu_names[gpu[at]],
+            "pod_uid": pod_names[pod[at]],
+            "start_ms": start[at],
+            "end_ms": end[at],
+            "observed": observed,
+            "util": util,
+            "busy": busy,
+        }
     )
-    for c in ("busy", "unobserved", *RELEASED):
-        if str(c) not in wide.columns:
-            wide[str(c)] = 0.0
-    wide = wide.reset_index()
-    length = (wide["end_ms"] - wide["start_ms"]).to_numpy(dtype=np.float64) / 1000.0
-    observed = wide["unobserved"].to_numpy() <= 0
-    util = np.where(observed, 100.0 * wide["busy"].to_numpy() / np.maximum(length, 1e-9), np.nan)
-    out = wide[key].copy()
-    out["observed"] = observed
-    out["util"] = util
-    out["busy"] = wide["busy"].to_numpy(dtype=np.float64)
     for c in RELEASED:
-        out[str(c)] = wide[str(c)].to_numpy(dtype=np.float64)
+        out[str(c)] = column.get(str(c), none)
     return out.reset_index(drop=True)
 
 
