@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from auditor.classify.arrays import order_by, run_factorize, starts_of
+from auditor.classify.arrays import order_by, run_factorize, run_isin, starts_of
 from auditor.classify.policy import Policy, parse_policy
 from auditor.model import WasteCategory, Window
 from auditor.settings import Thresholds
@@ -227,40 +227,47 @@ def replay_pods(
     bound = tenures.groupby(["gpu", "pod_uid"], sort=False)["start_ms"].min()
     gang_of = tenures.drop_duplicates("pod_uid").set_index("pod_uid")["gang"].astype(str)
     info = pods.drop_duplicates("uid").set_index("uid")
-    rows = rows[rows["pod_uid"].isin(gang_of.index)].reset_index(drop=True)
-    pod = rows["pod_uid"].astype(str).to_numpy(dtype=object)
-    gang = gang_of.reindex(pod).to_numpy(dtype=object)
-    team = info["team"].reindex(pod).fillna("").astype(str).to_numpy(dtype=object)
-    label = pd.Series(pod, dtype=object)
+    rows = rows[run_isin(rows["pod_uid"], gang_of.index)].reset_index(drop=True)
+    # Each pod's and card's lookups are done once per run of its rows (they come sorted by
+    # card and pod) and spread by codes: hashing the rows' strings cost most of the replay.
+    code, uids = run_factorize(rows["pod_uid"], sort=True)
+    pod = uids[code]
+    gang_u = gang_of.reindex(uids)
+    gang = gang_u.to_numpy(dtype=object)[code]
+    team = info["team"].reindex(uids).fillna("").astype(str).to_numpy(dtype=object)[code]
+    label_u = pd.Series(uids, dtype=object)
     if {"namespace", "name"} <= set(info.columns):  # namespace/name, as people know the pod
-        names = (info["namespace"].astype(str) + "/" + info["name"].astype(str)).reindex(pod)
-        label = names.fillna(label.set_axis(names.index)).reset_index(drop=True)
+        names = (info["namespace"].astype(str) + "/" + info["name"].astype(str)).reindex(uids)
+        label_u = names.fillna(label_u.set_axis(names.index)).reset_index(drop=True)
+    label = label_u.to_numpy(dtype=object)[code]
     start = rows["start_ms"].to_numpy(dtype=np.int64)
     end = rows["end_ms"].to_numpy(dtype=np.int64)
     length = np.maximum(end - start, 1).astype(np.float64)
     observed = rows["observed"].to_numpy(dtype=np.bool_)
     util = np.nan_to_num(rows["util"].to_numpy(dtype=np.float64), nan=100.0)
-    idx = pd.MultiIndex.from_arrays([rows["gpu"], rows["pod_uid"]])
-    card_bound = bound.reindex(idx).to_numpy(dtype=np.float64)
-    card_bound = np.where(np.isnan(card_bound), start, card_bound).astype(np.int64)
     new_card = np.ones(len(rows), dtype=np.bool_)
     if len(rows):
         same = (rows["gpu"].to_numpy()[1:] == rows["gpu"].to_numpy()[:-1]) & (pod[1:] == pod[:-1])
         new_card[1:] = ~same
+    heads = np.flatnonzero(new_card)
+    idx = pd.MultiIndex.from_arrays([rows["gpu"].to_numpy()[heads], pod[heads]])
+    card_bound = np.repeat(
+        bound.reindex(idx).to_numpy(dtype=np.float64), np.diff(np.append(heads, len(rows)))
+    )
+    card_bound = np.where(np.isnan(card_bound), start, card_bound).astype(np.int64)
     in_window = np.clip(np.minimum(end, w1) - np.maximum(start, w0), 0, None) / length
     cat_seconds = np.stack([rows[str(c)].to_numpy(dtype=np.float64) for c in RELEASED], axis=1)
     busy = rows["busy"].to_numpy(dtype=np.float64)
     idle_held = cat_seconds.sum(axis=1) * in_window
     # scope is decided over every pod of the tenures, with samples or not
     present = info.reindex(pd.Index(sorted(gang_of.index))).reset_index(names="uid")
-    pod_series = pd.Series(pod, dtype=object)
-    gang_series = pd.Series(gang, dtype=object)
+    uid_series = pd.Series(uids, dtype=object)
 
     out: list[pd.DataFrame] = []
     for number, policy in enumerate(policies):
         eligible_pods = present["uid"][_in_scope(present, policy)]
-        pod_eligible = pod_series.isin(eligible_pods).to_numpy(dtype=np.bool_)
-        scope = gang_series.isin(gang_of.reindex(eligible_pods)).to_numpy(dtype=np.bool_)
+        pod_eligible = uid_series.isin(eligible_pods).to_numpy(dtype=np.bool_)[code]
+        scope = gang_u.isin(gang_of.reindex(eligible_pods)).to_numpy(dtype=np.bool_)[code]
 
         idle = observed & policy.idle(util, thresholds)
         active = observed & ~idle
@@ -275,7 +282,8 @@ def replay_pods(
             cum = total - np.repeat(total[first] - counted[first], np.diff(np.r_[first, run.size]))
         fires = pod_eligible & idle & (counted > 0) & (cum >= policy.idle_ms)
         fired = pd.DataFrame({"gang": gang[fires], "at": (end - (cum - policy.idle_ms))[fires]})
-        stop_ms = fired.groupby("gang")["at"].min().reindex(gang).to_numpy(dtype=np.float64)
+        first_stop = fired.groupby("gang")["at"].min()
+        stop_ms = first_stop.reindex(gang_u).to_numpy(dtype=np.float64)[code]
         stopped = scope & ~np.isnan(stop_ms)
         stop_row = np.where(stopped, stop_ms, np.inf)
         after = np.clip(np.minimum(end, w1) - np.maximum(start, np.maximum(stop_row, w0)), 0, None)
@@ -284,8 +292,8 @@ def replay_pods(
 
         per_row = pd.DataFrame(
             {
-                "pod_uid": pod,
-                "pod": label.to_numpy(dtype=object),
+                "pod_uid": code,
+                "pod": label,
                 "gang": gang,
                 "team": team,
                 "eligible": pod_eligible,
@@ -313,6 +321,7 @@ def replay_pods(
             streak=("streak", "max"),
             **{_released_col(c): (_released_col(c), "sum") for c in RELEASED},
         )
+        per_pod.index = pd.Index(uids[per_pod.index.to_numpy()], name="pod_uid")
         stop = per_pod["stop_ms"].to_numpy(dtype=np.float64)
         counts = per_pod["held_after"].to_numpy(dtype=np.bool_) & (stop >= w0) & (stop < w1)
         per_pod["stopped"] = counts
