@@ -150,10 +150,14 @@ def fast_block(
     key_columns = [*text_columns]
     throttle = layout.throttle[0] if layout.throttle else None
     id_columns = [c for c in key_columns if c != throttle]
-    keys = [_cell_bytes(buf, cell_start[:, c], cell_end[:, c]) for c in id_columns]
-    if layout.memory_total:
-        keys.append(values[layout.memory_total[0]].view(np.uint8).reshape(n, 8))
-    if keys:
+    totals = [values[layout.memory_total[0]]] if layout.memory_total else []
+    spans = [(cell_start[:, c], cell_end[:, c]) for c in id_columns]
+    seen = _first_seen_words(buf, spans, totals)
+    if seen is not None:
+        groups, firsts = seen
+    elif spans or totals:
+        keys = [_cell_bytes(buf, start, end) for start, end in spans]
+        keys += [t.view(np.uint8).reshape(n, 8) for t in totals]
         groups, firsts = _first_seen(np.hstack(keys) if len(keys) > 1 else keys[0])
     else:
         groups = np.zeros(n, np.intp)
@@ -284,6 +288,8 @@ _FILL = ~_KEEP & _ZERO_CHARS
 """Per cell width, a '0' in each byte of the word below the cell: leading zeros."""
 _BELOW = np.array([2 ** (8 * p) - 1 for p in range(9)], np.uint64)
 """Per byte 0 to 8, the bytes of a word below it."""
+_POWERS_OF_TEN = 10.0 ** np.arange(8)
+"""10.0**k as the general path computes it, for k decimals."""
 
 
 def _short_numbers(
@@ -315,11 +321,10 @@ def _short_numbers(
         raise Slow  # a dot without digits
     decimals = np.zeros(n, np.intp)
     if dotted.any():  # the bytes below the dot move up one: the digits without it
-        place = np.frexp(dot[dotted].astype(np.float64))[1] // 8 - 1  # dot = 2**(8 * place + 7)
-        below = _BELOW[place]
-        held = x[dotted]
-        x[dotted] = (held & ~_BELOW[place + 1]) | ((held & below) << _U8(8)) | _U8(0x30)
-        decimals[dotted] = 7 - place
+        place = ((dot >> _U8(7)) * _U8(0x0001020304050607) >> _U8(56)).astype(np.intp)
+        below = _BELOW[place]  # place: the dot's byte (its 0x01 times bytes 7, 6... 0)
+        x = np.where(dotted, (x & ~_BELOW[place + 1]) | ((x & below) << _U8(8)) | _U8(0x30), x)
+        decimals = np.where(dotted, 7 - place, 0)
     digits = (x & _HIGH_NIBBLES) | (((x + _U8(0x0606060606060606)) & _HIGH_NIBBLES) >> _U8(4))
     if (digits != _U8(0x3333333333333333))[~missing].any():
         raise Slow  # a byte that is no digit
@@ -330,7 +335,7 @@ def _short_numbers(
         + ((x >> _U8(16)) & _U8(0x000000FF000000FF)) * _U8(1 + (10_000 << 32))
     ) >> _U8(32)
     mantissa = (x & _U8(0xFFFFFFFF)).astype(np.int64)
-    value: npt.NDArray[np.float64] = mantissa / (10.0**decimals)
+    value: npt.NDArray[np.float64] = mantissa / _POWERS_OF_TEN[decimals]
     value[missing] = np.nan
     return value
 
@@ -350,6 +355,50 @@ def _cell_bytes(
         inside, buf[np.where(inside, start[:, None] + at, 0)], 0
     )
     return matrix.astype(np.uint8)
+
+
+_MIX = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _first_seen_words(
+    buf: npt.NDArray[np.uint8],
+    spans: list[tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]],
+    numbers: list[npt.NDArray[np.float64]],
+) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]] | None:
+    """`_first_seen` of the rows' cells `spans` and `numbers`, without sorting rows of bytes:
+    each cell is read as 8-byte words (bytes past its end zeroed, its width a word too),
+    the words of a row hashed to one, the hashes grouped, and every row's words compared
+    with its group's first row's, so a collision of hashes gives None (and the caller the
+    exact `_first_seen`), never a wrong group. None too for a cell within 8 bytes of the
+    buffer's end, or when there is nothing to group."""
+    if not spans and not numbers:
+        return None
+    last = len(buf) - 8
+    if last < 0:
+        return None
+    words: npt.NDArray[np.uint64] = np.ndarray((last + 1,), "<u8", buffer=buf, strides=(1,))
+    key: list[npt.NDArray[np.uint64]] = []
+    for start, end in spans:
+        width = end - start
+        key.append(width.astype(np.uint64))
+        for k in range(0, int(width.max()), 8):
+            if int(start.max()) + k > last:
+                return None
+            key.append(words[start + k] & _BELOW[np.clip(width - k, 0, 8)])
+    key += [t.view(np.uint64) for t in numbers]
+    mixed = np.zeros(len(key[0]), np.uint64)
+    for word in key:
+        mixed = (mixed ^ word) * _MIX
+        mixed ^= mixed >> np.uint64(29)
+    _, first, inverse = np.unique(mixed, return_index=True, return_inverse=True)
+    inverse = inverse.ravel()
+    leader = first[inverse]
+    if not all(bool((word == word[leader]).all()) for word in key):
+        return None  # two different rows of one hash
+    order = np.argsort(first, kind="stable")
+    rank = np.empty(len(order), np.intp)
+    rank[order] = np.arange(len(order))
+    return rank[inverse], first[order]
 
 
 def _first_seen(keys: npt.NDArray[np.uint8]) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]:
