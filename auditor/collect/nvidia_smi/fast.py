@@ -278,10 +278,10 @@ def _fast_numbers(
     return value
 
 
-_U8 = np.uint64
-_ZERO_CHARS = _U8(0x3030303030303030)
-_LOW_SEVEN_BITS = _U8(0x7F7F7F7F7F7F7F7F)
-_HIGH_NIBBLES = _U8(0xF0F0F0F0F0F0F0F0)
+_WORD = np.uint64
+_ZERO_CHARS = _WORD(0x3030303030303030)
+_LOW_SEVEN_BITS = _WORD(0x7F7F7F7F7F7F7F7F)
+_HIGH_NIBBLES = _WORD(0xF0F0F0F0F0F0F0F0)
 _KEEP = np.array([0] + [2**64 - 2 ** (8 * (8 - w)) for w in range(1, 9)], np.uint64)
 """Per cell width 0 to 8, the bytes of a word that a cell ending at its top byte spans."""
 _FILL = ~_KEEP & _ZERO_CHARS
@@ -311,30 +311,30 @@ def _short_numbers(
     if early.any():
         word[early] <<= (8 * -at[early]).astype(np.uint64)
     x = (word & _KEEP[width]) | _FILL[width]
-    dots = x ^ _U8(0x2E2E2E2E2E2E2E2E)  # a zero byte where x has a '.'
+    dots = x ^ _WORD(0x2E2E2E2E2E2E2E2E)  # a zero byte where x has a '.'
     dot = ~(((dots & _LOW_SEVEN_BITS) + _LOW_SEVEN_BITS) | dots | _LOW_SEVEN_BITS)
     dot[missing] = 0  # 0x80 in the byte of each '.', exactly: no carry crosses a byte
-    if (dot & (dot - _U8(1))).any():
+    if (dot & (dot - _WORD(1))).any():
         raise Slow  # two dots
     dotted = dot != 0
     if (dotted & (width == 1)).any():
         raise Slow  # a dot without digits
     decimals = np.zeros(n, np.intp)
     if dotted.any():  # the bytes below the dot move up one: the digits without it
-        place = ((dot >> _U8(7)) * _U8(0x0001020304050607) >> _U8(56)).astype(np.intp)
+        place = ((dot >> _WORD(7)) * _WORD(0x0001020304050607) >> _WORD(56)).astype(np.intp)
         below = _BELOW[place]  # place: the dot's byte (its 0x01 times bytes 7, 6... 0)
-        x = np.where(dotted, (x & ~_BELOW[place + 1]) | ((x & below) << _U8(8)) | _U8(0x30), x)
+        x = np.where(dotted, (x & ~_BELOW[place + 1]) | ((x & below) << _WORD(8)) | _WORD(0x30), x)
         decimals = np.where(dotted, 7 - place, 0)
-    digits = (x & _HIGH_NIBBLES) | (((x + _U8(0x0606060606060606)) & _HIGH_NIBBLES) >> _U8(4))
-    if (digits != _U8(0x3333333333333333))[~missing].any():
+    digits = (x & _HIGH_NIBBLES) | (((x + _WORD(0x0606060606060606)) & _HIGH_NIBBLES) >> _WORD(4))
+    if (digits != _WORD(0x3333333333333333))[~missing].any():
         raise Slow  # a byte that is no digit
     x -= _ZERO_CHARS
-    x = x * _U8(10) + (x >> _U8(8))
+    x = x * _WORD(10) + (x >> _WORD(8))
     x = (
-        (x & _U8(0x000000FF000000FF)) * _U8(100 + (1_000_000 << 32))
-        + ((x >> _U8(16)) & _U8(0x000000FF000000FF)) * _U8(1 + (10_000 << 32))
-    ) >> _U8(32)
-    mantissa = (x & _U8(0xFFFFFFFF)).astype(np.int64)
+        (x & _WORD(0x000000FF000000FF)) * _WORD(100 + (1_000_000 << 32))
+        + ((x >> _WORD(16)) & _WORD(0x000000FF000000FF)) * _WORD(1 + (10_000 << 32))
+    ) >> _WORD(32)
+    mantissa = (x & _WORD(0xFFFFFFFF)).astype(np.int64)
     value: npt.NDArray[np.float64] = mantissa / _POWERS_OF_TEN[decimals]
     value[missing] = np.nan
     return value
