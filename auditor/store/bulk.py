@@ -8,11 +8,13 @@ the general path: `COPY` into a session-temporary staging table and one
 `INSERT ... ON CONFLICT DO NOTHING` from it. Appending new data, the common case of every
 feed, so costs one `COPY` into the indexed table; a replay costs the merge.
 
-SQLite: one `executemany` of `INSERT OR IGNORE` in the caller's transaction; the table is
-`WITHOUT ROWID`, clustered on its key, so the insert maintains one B-tree, not two. A batch
-held column by column binds only the columns some row of it has a value in (the others are
-NULL by default): each parameter bound costs about as much as the row's insert itself, and
-an exporter or a log rarely has every column.
+SQLite: `INSERT OR IGNORE` in the caller's transaction; the table is `WITHOUT ROWID`,
+clustered on its key, so the insert maintains one B-tree, not two. A batch held column by
+column binds only the columns some row of it has a value in (the others are NULL by
+default): each parameter bound costs about as much as the row's insert itself, and an
+exporter or a log rarely has every column. It goes in key order, about a hundred rows per
+statement (`SQLITE_PARAMETERS`), not one: the statement's step and reset, and the driver's
+work per execution, are paid per hundred rows (bench/bench_nvidia_smi.py's `baseline`).
 
 An import passes its ledger id (`import_id`, `auditor.store.ledger`): every row it stores
 carries it, as a constant of the statement on SQLite and one fixed field of each binary
@@ -21,8 +23,8 @@ of the import that wrote it. The sampler passes none (NULL).
 
 A batch comes as tuples (`write_rows`) or column by column (`write_columns`, the importers'
 hot path): numpy arrays become the binary `COPY` stream in a few vectorised steps per
-pattern of NULLs, and SQLite's parameters by one `tolist` per column; no object per row
-is made on PostgreSQL, and only the driver's tuples on SQLite.
+pattern of NULLs, and SQLite's parameters by one assignment per column into an object
+array; no object per row is made on PostgreSQL, and only the parameters on SQLite.
 """
 
 from __future__ import annotations
@@ -289,8 +291,7 @@ def write_columns(conn: Connection, batch: Columns, *, import_id: int | None = N
         return _pg_write(
             conn, payload, len(batch), spans=spans, repeats=repeats, import_id=import_id
         )
-    names = batch.present()  # a column NULL in every row is left to its default, NULL:
-    return _sqlite_write(conn, batch.rows(names), import_id, names)  # fewer parameters bound
+    return _sqlite_write_columns(conn, batch, import_id)
 
 
 _Payload = Sequence[Row] | bytes
@@ -344,6 +345,63 @@ def _sqlite_write(
     finally:
         cursor.close()
     return stored
+
+
+SQLITE_PARAMETERS = 999
+"""Parameters bound per statement at most: the smallest limit of any SQLite build (those
+before 3.32 allow 999)."""
+
+
+def _sqlite_write_columns(conn: Connection, batch: Columns, import_id: int | None) -> int:
+    """`write_columns` on SQLite: the batch in key order (each GPU's rows one after another
+    into its place of the B-tree, a key twice in the batch still first come first stored),
+    as many rows per `INSERT` as `SQLITE_PARAMETERS` allows: a statement's step, reset and
+    the driver's per-execution work are paid per statement, not per row, and SQLite inserts
+    a statement's rows with the interpreter's lock released. Only the columns some row has
+    a value in are bound; the others are NULL by default."""
+    names = batch.present()
+    if not _in_key_order(batch):
+        batch = batch.in_key_order()
+    n = len(batch)
+    width = 2 + len(names)
+    grid = np.empty((n, width), object)  # Python ints, floats, str and None: the parameters
+    grid[:, 0] = batch.gpu_id
+    grid[:, 1] = batch.ts_ms
+    for j, name in enumerate(names, start=2):
+        value = batch.values[name]
+        grid[:, j] = value
+        if value.dtype.kind == "f":
+            grid[np.isnan(value), j] = None
+    columns = ["gpu_id", "ts_ms", *names]
+    one = ", ".join("?" * width)
+    if import_id is not None:  # a constant of the statement: nothing bound per row
+        columns.append(_TAG)
+        one += f", {int(import_id)}"
+    insert = f"INSERT OR IGNORE INTO gpu_samples ({', '.join(columns)}) VALUES "
+    per = max(1, SQLITE_PARAMETERS // width)
+    full = n - n % per
+    cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+    try:
+        stored = 0
+        if full:
+            cursor.executemany(
+                insert + ", ".join([f"({one})"] * per),
+                grid[:full].reshape(-1, per * width).tolist(),
+            )
+            stored += int(cursor.rowcount)  # executemany: the sum over the statements
+        if full < n:
+            cursor.executemany(insert + f"({one})", grid[full:].tolist())
+            stored += int(cursor.rowcount)
+    finally:
+        cursor.close()
+    return stored
+
+
+def _in_key_order(batch: Columns) -> bool:
+    """Whether the batch's rows are sorted by (gpu_id, ts_ms) already."""
+    g, ts = batch.gpu_id, batch.ts_ms
+    later = (g[1:] > g[:-1]) | ((g[1:] == g[:-1]) & (ts[1:] >= ts[:-1]))
+    return bool(later.all())
 
 
 def _any_stored(cur: Any, spans: Spans) -> bool:

@@ -799,6 +799,56 @@ def test_fast_path_gives_the_row_parsers_error_line(tmp_path: Path) -> None:
     assert (caught.value.line, caught.value.field) == (15_003, "utilization.gpu")
 
 
+def test_fast_path_reads_numbers_of_every_width_and_dot_place_as_the_row_parser(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Power readings of 1 to 16 characters, the dot at every place or none, with and
+    without the unit, and missing ones: the same values (to the bit) on both paths."""
+    digits = "9071358246" * 2
+    cells = ["[N/A]", "N/A"]
+    for width in range(1, 17):
+        number = digits[:width]
+        cells.append(number if width < 16 else number[:15])
+        cells += [f"{number[:i]}.{number[i:]}"[:16] for i in range(width)]
+    cells += [f"{c} W" for c in cells if c[0].isdigit() or c[0] == "."]
+    short = [c for c in cells if len(c.removesuffix(" W")) <= 8]  # 8 bytes: one word
+    path = tmp_path / "power.csv"
+    with path.open("w") as out:
+        out.write("timestamp, uuid, utilization.gpu [%], memory.used [MiB], power.draw [W]\n")
+        for i in range(30_000):  # chunks of short cells only, then chunks of all
+            power = short[i % len(short)] if i < 20_000 else cells[i % len(cells)]
+            out.write(f"2026/06/24 {i // 36_000:02d}:{i // 600 % 60:02d}:{i // 10 % 60:02d}."
+                      f"{i % 10:03d}, GPU-{i % 4}, {i % 101} %, 575 MiB, {power}\n")  # fmt: skip
+    taken = _fast_chunks(monkeypatch)
+    fast = list(read_nvidia_smi(path, node="node-a"))
+    assert fast == _row_parser_only(monkeypatch, path)
+    assert sum(taken) >= 3
+    powers = {s.power_w for _, s in fast}
+    assert powers >= {None, 0.9071, 9071358.2, 907135824690713.0, 9.0, 0.9}
+
+
+def test_fast_path_tells_cards_apart_by_every_identity_cell(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cards told apart by the uuid's last character, a model's, or the total memory, the
+    uuid last on its line (up to the chunk's last byte): the records the row parser makes."""
+    path = tmp_path / "cards.csv"
+    with path.open("w") as out:
+        out.write(
+            "timestamp, name, utilization.gpu [%], memory.used [MiB], memory.total [MiB], uuid\n"
+        )
+        for i in range(12_000):
+            uuid = f"GPU-0123456789abcdef-0123456789-{i % 3}"
+            out.write(f"2026/06/24 10:{i // 600 % 60:02d}:{i // 10 % 60:02d}.{i % 10:03d}, "
+                      f"NVIDIA A100-SXM4-40GB{'x' * (i % 3 // 2)}, {i % 101} %, 575 MiB, "
+                      f"{40960 + i % 5 // 4} MiB, {uuid}\n")  # fmt: skip
+    taken = _fast_chunks(monkeypatch)
+    fast = list(read_nvidia_smi(path, node="node-a"))
+    assert fast == _row_parser_only(monkeypatch, path)
+    assert len({r for r, _ in fast}) == 6  # 3 cards, each seen with two totals
+    assert sum(taken) >= 1
+
+
 def test_memory_used_above_the_total_deep_in_a_long_log_names_its_line(tmp_path: Path) -> None:
     """The fast path gives such a chunk up; the row parser names the line (used equal to
     the total is a full card, and is read)."""
