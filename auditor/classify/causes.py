@@ -122,30 +122,53 @@ def _at(
 ) -> Values:
     """Each signal column's value at each piece's midpoint (NaN where none is recent). Rows
     of several sources (a `source` column: the sampler's cgroup reading, cAdvisor, a
-    server's gauges) are read apart, so that one source's row never hides another's."""
+    server's gauges) are read apart, so that one source's row never hides another's: the
+    first source in name order with a recent value gives it."""
     out = {c: np.full(len(pieces), np.nan) for c in columns}
     if signals is None or signals.empty:
         return out
-    if "source" in signals.columns:
-        for _, rows in signals.groupby("source", sort=True):
-            got = _at(pieces, rows.drop(columns="source"), key=key, columns=columns,
-                      stale_ms=stale_ms)  # fmt: skip
-            out = {c: np.where(np.isnan(v), got[c], v) for c, v in out.items()}
-        return out
-    have = [c for c in columns if c in signals.columns]
-    if not have:
-        return out
-    right = signals[[key, "ts_ms", *have]].dropna(subset=[key, "ts_ms"])
     if "mid_ms" in pieces.columns:  # the whole piece's midpoint, however a window cut it
         mid = pieces["mid_ms"].to_numpy(np.int64)
     else:
         mid = (pieces["start_ms"].to_numpy(np.int64) + pieces["end_ms"].to_numpy(np.int64)) // 2
+    # the pieces come grouped by card and pod: only their runs' keys are hashed, once
+    p_runs, p_names = run_factorize(pieces[key].astype(str))
+    if "source" not in signals.columns:
+        return _at_source(out, p_runs, p_names, mid, signals, key=key, stale_ms=stale_ms)
+    for _, rows in signals.groupby("source", sort=True):
+        got = _at_source(
+            {c: np.full(len(pieces), np.nan) for c in columns},
+            p_runs,
+            p_names,
+            mid,
+            rows.drop(columns="source"),
+            key=key,
+            stale_ms=stale_ms,
+        )
+        out = {c: np.where(np.isnan(v), got[c], v) for c, v in out.items()}
+    return out
+
+
+def _at_source(
+    out: Values,
+    p_runs: np.ndarray,
+    p_names: np.ndarray,
+    mid: np.ndarray,
+    signals: pd.DataFrame,
+    *,
+    key: str,
+    stale_ms: int,
+) -> Values:
+    """`_at` of one source's rows, into `out` (NaN columns): the pieces' keys as run codes
+    of `p_names`, their midpoints `mid`."""
+    have = [c for c in out if c in signals.columns]
+    if not have:
+        return out
+    right = signals[[key, "ts_ms", *have]].dropna(subset=[key, "ts_ms"])
     # An as-of join by key, in arrays: rows sorted (stably) by key and the rank of their
     # time; each piece finds the last row of its key at or before its midpoint by one
     # binary search, and takes it if it is no older than `stale_ms`. Of rows of one key and
     # time, the last given wins.
-    # the pieces come grouped by card and pod: only their runs' keys are hashed
-    p_runs, p_names = run_factorize(pieces[key].astype(str))
     keys = np.concatenate([p_names, right[key].astype(str).to_numpy(dtype=object)])
     codes = pd.factorize(keys)[0].astype(np.int64)
     p_key = np.append(codes[: p_names.size], -1)[p_runs]  # a missing key (-1) matches none
