@@ -229,7 +229,8 @@ def classify(
     of `piece_categories` only when given.
     `hour_ms`: also return the results per bucket of that length (`Classification.hourly`).
     """
-    sampled = set(samples["gpu"].dropna().astype(str))
+    # the distinct cards, not every sample's (a million of them, one Python object each)
+    sampled = {str(g) for g in samples["gpu"].dropna().unique()}
     unsampled = unsampled_results(tenures, sampled=sampled, window=window, cards=cards)
     # the unsampled cards' pieces too, so that the pieces always sum to the results
     extra = (
