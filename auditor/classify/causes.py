@@ -194,7 +194,10 @@ def split_compute_idle(
     t = thresholds
     link = np.where(np.isnan(card["pcie_link_bytes_s"]), t.pcie_default_bytes_s,
                     card["pcie_link_bytes_s"])  # fmt: skip
-    gang = idle["pod_uid"].astype(str).isin(set(multi_card_pods)).to_numpy()
+    # per distinct pod, not per piece: half a million pieces share a few hundred pods
+    pod_codes, pod_uids = pd.factorize(idle["pod_uid"])
+    multi = set(multi_card_pods)
+    gang = np.array([str(u) in multi for u in pod_uids], dtype=bool)[pod_codes]
     running, waiting = pod["requests_running"], pod["requests_waiting"]
     serving = ~np.isnan(running) | ~np.isnan(waiting)
     queued = np.nan_to_num(running) + np.nan_to_num(waiting) > 0
