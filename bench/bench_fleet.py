@@ -1,20 +1,28 @@
 """Fleet scale, stage by stage, on SQLite and PostgreSQL: ingest, floor read, audit, report.
 
     .venv/bin/python bench/bench_fleet.py [--fleets 100x1,1000x1] [--memory-days 1,3,7]
-        [--memory-gpus 100] [--databases sqlite,postgresql]
+        [--memory-gpus 100] [--databases sqlite,postgresql] [--keep DIR] [--profile DIR]
 
 For each fleet (GPUs x days at a 5 s period, `bench/fleet.py`) and database, in one run:
 - ingest: every sample through the store's bulk write (`auditor.store.bulk`), a transaction
   per 500,000-row time slice, into the migrated schema; against the baseline of the same
   rows, converted the same way, by raw binary COPY into an unindexed table (PostgreSQL) or a
   plain executemany of INSERT into an unindexed table (SQLite);
-- floor: a plain read of the window's samples (the columns the audit reads), fetched
+- floor: a plain read of the window's samples (the columns `read_card_samples` gives the
+  audit: ts_ms, util, throttle_reasons, sm_active, and gpu_id to tell cards apart), fetched
   through the driver and dropped: the time just to get the rows the audit needs;
 - audit: `jobs.audit` over the window; report: `jobs.build_report` by team.
 Each stage runs in its own process, so its peak resident memory is its own. Then the
 audit's peak memory for 1, 3 and 7 days of `--memory-gpus` GPUs (SQLite; the window is
 the whole data). PostgreSQL is a throwaway server started as the tests start theirs.
 Prints figures and ratios from one run: the machines are shared, so compare within a run.
+
+`--keep DIR`: the fleets' stores live in DIR (SQLite files, the PostgreSQL server's data)
+and outlast the run; a later run with the same DIR reuses a fleet's store and its ingest
+figures (printed as kept) rather than loading it again, so floor, audit and report can be
+measured again and again on a 17-million-sample fleet. `--profile DIR`: the audit stage
+runs under cProfile, its stats written to DIR/<fleet>.prof (the audit's time then includes
+the profiler's overhead: measure ratios without it).
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ import json
 import subprocess
 import sys
 import tempfile
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from stores import stores  # noqa: E402 - after the path it lives on
+from stores import kept_stores  # noqa: E402 - after the path it lives on
 
 STAGES = r"""
 import json, resource, sys, time
@@ -105,7 +114,7 @@ def load(url, gpus, days, baseline=True):
             "bytes": int(size), "start_ms": fleet.start_ms, "end_ms": fleet.end_ms,
             "pods": len(fleet.pods)}
 
-def floor(url, start_ms, end_ms):
+def floor(url, start_ms, end_ms, profile=None):
     from auditor.store.connection import make_engine
     engine = make_engine(url)
     t = time.perf_counter()
@@ -113,24 +122,33 @@ def floor(url, start_ms, end_ms):
     with engine.connect() as conn:
         cur = conn.connection.driver_connection.cursor()
         mark = "?" if url.startswith("sqlite") else "%s"
-        cur.execute("SELECT gpu_id, ts_ms, util, throttle_reasons FROM gpu_samples"
-                    f" WHERE ts_ms >= {mark} AND ts_ms < {mark} ORDER BY gpu_id, ts_ms",
+        cur.execute("SELECT gpu_id, ts_ms, util, throttle_reasons, sm_active"
+                    f" FROM gpu_samples WHERE ts_ms >= {mark} AND ts_ms < {mark}"
+                    " ORDER BY gpu_id, ts_ms",
                     (start_ms, end_ms))
         while batch := cur.fetchmany(200_000):
             rows += len(batch)
         cur.close()
     return {"rows": rows, "seconds": time.perf_counter() - t}
 
-def audit(url, start_ms, end_ms):
+def audit(url, start_ms, end_ms, profile=None):
     from auditor import jobs
     from auditor.settings import Thresholds
     import auditor.classify.pipeline, auditor.classify.tenures, auditor.store.reads  # noqa: F401
     import auditor.store.writes  # noqa: F401  (imports are start-up, not audit, time)
+    if profile:
+        import cProfile
+        profiler = cProfile.Profile()
+        profiler.enable()
     t = time.perf_counter()
     stats = jobs.audit(url, window=(start_ms, end_ms), thresholds=Thresholds())
-    return {"seconds": time.perf_counter() - t, "samples": stats.samples, "gpus": stats.gpus}
+    seconds = time.perf_counter() - t
+    if profile:
+        profiler.disable()
+        profiler.dump_stats(profile)
+    return {"seconds": seconds, "samples": stats.samples, "gpus": stats.gpus}
 
-def report(url, start_ms, end_ms):
+def report(url, start_ms, end_ms, profile=None):
     from auditor import jobs
     from auditor.report.summary import GroupBy
     t = time.perf_counter()
@@ -157,15 +175,29 @@ def stage(name: str, url: str, *args: Any) -> dict[str, Any]:
     return result
 
 
-def run_fleet(gpus: int, days: float, url: str, name: str) -> None:
-    load = stage("load", url, gpus, days)
+def run_fleet(
+    gpus: int,
+    days: float,
+    url: str,
+    name: str,
+    *,
+    load: dict[str, Any] | None = None,
+    profile: Path | None = None,
+) -> dict[str, Any]:
+    """Every stage on a new store at `url`; with `load` (an earlier run's figures), on the
+    store that run loaded there. Returns the load's figures."""
+    kept = load is not None
+    if load is None:
+        load = stage("load", url, gpus, days)
     n = load["samples"]
     window = (load["start_ms"], load["end_ms"])
     floor = stage("floor", url, *window)
-    audit = stage("audit", url, *window)
+    audit = stage("audit", url, *window, str(profile) if profile else None)
     report = stage("report", url, *window)
     base = "raw COPY, unindexed" if name == "postgresql" else "plain executemany, unindexed"
     print(f"\n{name}: {gpus} GPUs x {days:g} d = {n:,} samples, {load['pods']:,} pods")
+    if kept:
+        print("  (store and ingest figures kept from an earlier run)")
     print(
         f"  ingest  {load['ingest_s']:7.1f} s  {n / load['ingest_s']:>10,.0f} samples/s"
         f"   peak {load['peak_mib']:,.0f} MiB (generator included)"
@@ -183,7 +215,10 @@ def run_fleet(gpus: int, days: float, url: str, name: str) -> None:
         f"   audit / floor: {audit['seconds'] / floor['seconds']:.2f}x"
     )
     print(f"  report  {report['seconds']:7.1f} s  peak {report['peak_mib']:,.0f} MiB")
+    if profile:
+        print(f"  audit profile: {profile} (the audit's time includes the profiler's)")
     sys.stdout.flush()
+    return load
 
 
 def main() -> None:
@@ -192,16 +227,37 @@ def main() -> None:
     parser.add_argument("--memory-days", default="1,3,7")
     parser.add_argument("--memory-gpus", type=int, default=100)
     parser.add_argument("--databases", default="sqlite,postgresql")
+    parser.add_argument("--keep", type=Path, help="keep and reuse the fleets' stores here")
+    parser.add_argument("--profile", type=Path, help="cProfile the audit, stats written here")
     args = parser.parse_args()
     databases = args.databases.split(",")
-    with tempfile.TemporaryDirectory() as tmp_name:
-        tmp = Path(tmp_name)
-        with stores(tmp, databases) as make_url:
+    if args.profile:
+        args.profile.mkdir(parents=True, exist_ok=True)
+    with ExitStack() as stack:
+        if args.keep:
+            args.keep.mkdir(parents=True, exist_ok=True)
+            tmp = args.keep.resolve()
+        else:
+            tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        ledger = tmp / "loaded.json"
+        loaded: dict[str, dict[str, Any]] = (
+            json.loads(ledger.read_text()) if args.keep and ledger.exists() else {}
+        )
+        with kept_stores(tmp, databases, keep=bool(args.keep)) as (make_url, kept_url):
             for spec in filter(None, args.fleets.split(",")):
                 gpus, days = spec.split("x")
                 for name in databases:
                     label = f"f{gpus}x{days.replace('.', '_')}_{name}"
-                    run_fleet(int(gpus), float(days), make_url[name](label), name)
+                    url = kept_url[name](label) if label in loaded else None
+                    profile = args.profile / f"{label}.prof" if args.profile else None
+                    if url is None:
+                        loaded.pop(label, None)
+                        url = make_url[name](label)
+                    loaded[label] = run_fleet(
+                        int(gpus), float(days), url, name, load=loaded.get(label), profile=profile
+                    )
+                    if args.keep:
+                        ledger.write_text(json.dumps(loaded, indent=1))
             peaks: list[tuple[float, float]] = []
             for days in filter(None, args.memory_days.split(",")):
                 url = make_url["sqlite"](f"m{days}")

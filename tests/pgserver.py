@@ -126,6 +126,27 @@ class PgServer:
             )
 
     def start(self) -> None:
+        """Start the server, on a new data directory unless one is already there (a kept
+        server's, `stop(keep=True)`)."""
+        if not (self.data_dir / "PG_VERSION").exists():
+            self._init()
+        self._check(
+            [
+                "pg_ctl",
+                "start",
+                "--pgdata",
+                str(self.data_dir),
+                "--log",
+                str(self.log_file),
+                "--wait",
+                "--timeout",
+                str(START_TIMEOUT_S),
+                "-o",
+                self._options(),
+            ]
+        )
+
+    def _init(self) -> None:
         self._check(
             [
                 "initdb",
@@ -142,32 +163,23 @@ class PgServer:
                 "--no-sync",
             ]
         )
-        options = (
+
+    def _options(self) -> str:
+        return (
             f"-c listen_addresses=127.0.0.1 -c port={self.port} "
             f"-c unix_socket_directories={self.root} "
             "-c fsync=off -c synchronous_commit=off -c full_page_writes=off "
             "-c max_connections=200"
         )
-        self._check(
-            [
-                "pg_ctl",
-                "start",
-                "--pgdata",
-                str(self.data_dir),
-                "--log",
-                str(self.log_file),
-                "--wait",
-                "--timeout",
-                str(START_TIMEOUT_S),
-                "-o",
-                options,
-            ]
-        )
 
-    def stop(self) -> None:
+    def stop(self, *, keep: bool = False) -> None:
+        """Stop the server and remove its directory; with `keep`, stop it cleanly and keep
+        its data for a later `start_server(root=...)`."""
         if (self.data_dir / "postmaster.pid").exists():
-            self._run(["pg_ctl", "stop", "--pgdata", str(self.data_dir), "--mode", "immediate"])
-        shutil.rmtree(self.root, ignore_errors=True)
+            mode = "fast" if keep else "immediate"
+            self._run(["pg_ctl", "stop", "--pgdata", str(self.data_dir), "--mode", mode])
+        if not keep:
+            shutil.rmtree(self.root, ignore_errors=True)
 
     def admin(self, sql: str) -> None:
         """Run one statement outside a transaction (CREATE/DROP DATABASE) as `postgres`."""
@@ -177,8 +189,11 @@ class PgServer:
             conn.execute(sql.encode())
 
 
-def start_server() -> PgServer:
-    """Start a server, or skip (fail under CI) where PostgreSQL is not installed."""
+def start_server(root: Path | None = None) -> PgServer:
+    """Start a server, or skip (fail under CI) where PostgreSQL is not installed.
+
+    `root`: the server's directory, kept (its data reused if there) rather than a new
+    temporary one: the benchmarks' `--keep`."""
     bindir = find_bindir()
     if bindir is None:
         unavailable("no initdb/pg_ctl/postgres found (set PG_BINDIR or install postgresql)")
@@ -190,9 +205,13 @@ def start_server() -> PgServer:
             unavailable(f"running as root and there is no {SERVER_USER!r} user to run the server")
         as_user = SERVER_USER
     # /tmp: short enough for the socket path, and reachable by the server's user.
-    root = Path(
-        tempfile.mkdtemp(prefix="auditor-pg-", dir="/tmp" if Path("/tmp").is_dir() else None)
-    )
+    kept = root is not None
+    if root is None:
+        root = Path(
+            tempfile.mkdtemp(prefix="auditor-pg-", dir="/tmp" if Path("/tmp").is_dir() else None)
+        )
+    else:
+        root.mkdir(mode=0o700, exist_ok=True)
     if as_user is not None:
         os.chown(root, pw.pw_uid, pw.pw_gid)
     last_error: RuntimeError | None = None
@@ -203,11 +222,14 @@ def start_server() -> PgServer:
             return server
         except RuntimeError as e:
             last_error = e
+            if kept:  # its data stays: only the port is tried again
+                continue
             server.stop()
             root.mkdir(mode=0o700)
             if as_user is not None:
                 os.chown(root, pw.pw_uid, pw.pw_gid)
-    shutil.rmtree(root, ignore_errors=True)
+    if not kept:
+        shutil.rmtree(root, ignore_errors=True)
     raise RuntimeError(f"could not start PostgreSQL from {bindir}") from last_error
 
 

@@ -215,7 +215,10 @@ def split_compute_idle(
     t = thresholds
     link = np.where(np.isnan(card["pcie_link_bytes_s"]), t.pcie_default_bytes_s,
                     card["pcie_link_bytes_s"])  # fmt: skip
-    gang = idle["pod_uid"].astype(str).isin(set(multi_card_pods)).to_numpy()
+    # per distinct pod, not per piece: half a million pieces share a few hundred pods
+    pod_codes, pod_uids = pd.factorize(idle["pod_uid"])
+    multi = set(multi_card_pods)
+    gang = np.array([str(u) in multi for u in pod_uids], dtype=bool)[pod_codes]
     running, waiting = pod["requests_running"], pod["requests_waiting"]
     serving = ~np.isnan(running) | ~np.isnan(waiting)
     queued = np.nan_to_num(running) + np.nan_to_num(waiting) > 0
@@ -315,7 +318,7 @@ def split_unallocated(
         empty = pd.DataFrame({"gpu": pd.Series(dtype=object), "cause": pd.Series(dtype=object),
                               "seconds": pd.Series(dtype=np.float64)})  # fmt: skip
         return empty.assign(**{HOUR: pd.Series(dtype=np.int64)}) if hourly else empty
-    codes, cards = pd.factorize(free["gpu"].astype(str), sort=True)
+    codes, cards = _card_codes(free["gpu"])
     gpu = np.asarray(cards, dtype=object)[codes]
     start = free["start_ms"].to_numpy(np.int64)
     end = free["end_ms"].to_numpy(np.int64)
@@ -379,12 +382,13 @@ def split_unallocated(
     names = [FreeCause.BLOCKED.value, FreeCause.NO_DEMAND.value, FreeCause.UNAVAILABLE.value]
     group, n_groups = codes, len(cards)
     group_gpu = np.asarray(cards, dtype=object)
-    if hourly:  # one group per (card, hour)
-        hour = free[HOUR].to_numpy(np.int64)
-        pairs = pd.MultiIndex.from_arrays([codes, hour])
-        group, uniq = pd.factorize(pairs, sort=True)
-        n_groups = len(uniq)
-        group_gpu = group_gpu[uniq.get_level_values(0).to_numpy(np.int64)]
+    if hourly:  # one group per (card, hour), numbered in (card, hour) order
+        hours, hour_codes = np.unique(free[HOUR].to_numpy(np.int64), return_inverse=True)
+        pair = codes.astype(np.int64) * hours.size + hour_codes.reshape(-1)
+        uniq, group = np.unique(pair, return_inverse=True)
+        group = group.reshape(-1)
+        n_groups = uniq.size
+        group_gpu = group_gpu[uniq // hours.size]
     per = [np.bincount(group, weights=w, minlength=n_groups) for w in (blocked, rest, gone)]
     sums = np.concatenate(per)  # per cause (in name order), per group (sorted)
     frame = pd.DataFrame(
@@ -396,10 +400,20 @@ def split_unallocated(
     )
     columns = FREE_COLUMNS
     if hourly:
-        frame[HOUR] = np.tile(uniq.get_level_values(1).to_numpy(np.int64), len(names))
+        frame[HOUR] = np.tile(hours[uniq % hours.size], len(names))
         columns = [*FREE_COLUMNS, HOUR]
     kept = frame[frame["seconds"] > 0].sort_values(["gpu", "cause"], kind="stable")
     return kept.reset_index(drop=True)[columns]
+
+
+def _card_codes(gpu: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    """(code per row, the cards as text, sorted): `pd.factorize` of the column as text.
+    The cards are text already (UUIDs): the distinct values are converted, not every row."""
+    codes, cards = pd.factorize(gpu, sort=True)
+    if all(isinstance(c, str) for c in cards) and not (codes < 0).any():
+        return codes, np.asarray(cards, dtype=object)
+    codes, cards = pd.factorize(gpu.astype(str), sort=True)
+    return codes, np.asarray(cards, dtype=object)
 
 
 CAUSE_COLUMNS = ["gpu", "pod_uid", "category", "cause", "seconds", "signalled_seconds"]

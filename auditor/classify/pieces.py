@@ -223,23 +223,22 @@ def piece_frame(
     held = tenure >= 0
     pod = np.full(keep.size, -1, dtype=np.int64)
     pod[held] = tenures.pod[tenure[held]]
-    # sorted for a reader that walks them in time; a selection (the audit's) needs no order
-    order = (
-        order_by(gpu, pod + 1, start - start.min(), category)
-        if categories is None
-        else np.arange(keep.size)
-    )
     pod_uid = np.full(keep.size, None, dtype=object)
     pod_uid[held] = tenures.pods[pod[held]]
+    # sorted for a reader that walks them in time; a selection (the audit's) needs no order
+    if categories is None:
+        order = order_by(gpu, pod + 1, start - start.min(), category)
+        gpu, pod_uid, start, end = gpu[order], pod_uid[order], start[order], end[order]
+        category, part, mid = category[order], part[order], mid[order]
     names = np.array([str(c) for c in CATEGORIES], dtype=object)
     return pd.DataFrame(
         {
-            "gpu": pd.Series(uuids[gpu[order]], dtype=object),
-            "pod_uid": pd.Series(pod_uid[order], dtype=object),
-            "start_ms": start[order].astype(np.int64),
-            "end_ms": end[order].astype(np.int64),
-            "category": pd.Series(names[category[order]], dtype=object),
-            "seconds": part[order],
-            "mid_ms": mid[order].astype(np.int64),
+            "gpu": pd.Series(uuids[gpu], dtype=object),
+            "pod_uid": pd.Series(pod_uid, dtype=object),
+            "start_ms": start.astype(np.int64, copy=False),
+            "end_ms": end.astype(np.int64, copy=False),
+            "category": pd.Series(names[category], dtype=object),
+            "seconds": part,
+            "mid_ms": mid.astype(np.int64, copy=False),
         }
     )
