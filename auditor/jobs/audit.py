@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from auditor import __version__
 from auditor.errors import InputError
 from auditor.jobs.common import nulls, one_cluster, open_store
-from auditor.model import DEFAULT_CLUSTER, WasteCategory, Window
+from auditor.model import DEFAULT_CLUSTER, Window
 from auditor.settings import Thresholds
 
 if TYPE_CHECKING:
@@ -137,9 +137,8 @@ def audit(
     `chunk_samples`: a longer window means fewer nodes per chunk, so memory follows the
     chunk, not the fleet or the window. With `shard=(i, n)` only the nodes of shard i are
     audited; the n shards together store exactly what one unsharded run stores, but for the
-    split of free time between `blocked` and `no_demand` where pods waited: each shard
-    weighs the waiting demand against its own free cards. Chunks have no such limit: free
-    time is split after the last chunk, over all of them.
+    split of free time between `blocked` and `no_demand` where pods waited: each chunk (and
+    so each shard) weighs the waiting demand against its own free cards.
     """
     started = time.perf_counter()
     if cluster is None:
@@ -223,8 +222,6 @@ def _audit(
 ) -> AuditStats:
     """The audit of `cluster` over `audited` on `engine`; samples from the store, else from
     `source`."""
-    import pandas as pd
-
     from auditor.classify.causes import split_causes
     from auditor.classify.efficiency import efficiency
     from auditor.classify.hours import HOUR_MS, cut_at_hours
@@ -248,7 +245,6 @@ def _audit(
     finding_rows: list[dict[str, object]] = []
     sm_rows: list[dict[str, object]] = []
     cause_rows: list[dict[str, object]] = []
-    free_pieces: list[pd.DataFrame] = []
     n_samples = n_gpus = 0
     rolled = 0.0
     with engine.connect() as conn:
@@ -359,15 +355,9 @@ def _audit(
             # stored per UTC hour (SPEC §11): any whole-hour window inside the run is served
             res = result.hourly[result.hourly["gpu"].isin(own)]
             signals = signalling.result()
-            cut = cut_at_hours(result.pieces[result.pieces["gpu"].isin(own)], window=audited)
-            # Free time is split after the last chunk, over every chunk's free cards at once:
-            # waiting demand is matched against the free cards of the whole run, so a card's
-            # `blocked` seconds do not depend on which cards shared its chunk.
-            free = cut["category"] == WasteCategory.UNALLOCATED.value
-            free_pieces.append(cut[free])
             cause_rows += _cause_rows(
                 split_causes(
-                    cut[~free],
+                    cut_at_hours(result.pieces[result.pieces["gpu"].isin(own)], window=audited),
                     tenures=part,
                     cards=gpus,
                     pod_signals=signals.pods,
@@ -402,21 +392,6 @@ def _audit(
             n_gpus += int(samples.loc[mine, "gpu"].nunique())
             rolled += rolled_up_seconds(samples, window=audited, gpus=own)
             del got, signals, samples, activity, result, res, fnd, mine
-    if free_pieces:
-        cause_rows += _cause_rows(
-            split_causes(
-                pd.concat(free_pieces, ignore_index=True),
-                tenures=tenures,
-                cards=gpus,
-                pod_signals=None,
-                card_signals=None,
-                unavailable=unavailable,
-                demand=demand,
-                demand_known=not tenures.empty,
-                thresholds=thresholds.causes,
-            ),
-            gpu_ids,
-        )
     with engine.begin() as conn:
         run_id = replace_audit_run(
             conn,
