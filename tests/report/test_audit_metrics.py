@@ -16,7 +16,6 @@ import threading
 import urllib.request
 from collections.abc import Iterator
 from contextlib import closing, contextmanager
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,7 @@ import pytest
 from kubeapi import FakeApiServer, wait_until
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from two_clusters import CLUSTERS, load, simulate_clusters
 from typer.testing import CliRunner
 
 from auditor import jobs
@@ -328,24 +328,11 @@ def test_latest_complete_audit_of_one_cluster(
 
 # ---------------------------------------------------------------- several clusters
 
-CLUSTERS = ("east", "west")
-
 
 @pytest.fixture(scope="module")
 def sims(tmp_path_factory: pytest.TempPathFactory) -> dict[str, SimulationResult]:
     """Two clusters whose audits differ (another seed), with the same node names."""
-    tmp = tmp_path_factory.mktemp("metrics-clusters")
-    small = SCENARIOS["small"]
-    return {
-        "east": simulate(tmp / "east", scenario=small),
-        "west": simulate(tmp / "west", scenario=replace(small, seed=small.seed + 1)),
-    }
-
-
-def load(url: str, sim: SimulationResult, cluster: str) -> None:
-    for node, path in sorted(sim.node_csvs.items()):
-        jobs.import_nvidia_smi(url, path, node=node, cluster=cluster)
-    jobs.import_pods(url, sim.pods_json, config=Config(), cluster=cluster)
+    return simulate_clusters(tmp_path_factory.mktemp("metrics-clusters"))
 
 
 def whole(sim: SimulationResult) -> tuple[int, int]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ from typing import Any
 import pytest
 from pgserver import new_database_name
 from sqlalchemy import select
+from two_clusters import CLUSTERS, load, simulate_clusters
 from typer.testing import CliRunner
 
 from auditor import jobs
@@ -22,32 +22,20 @@ from auditor.cli import app
 from auditor.errors import GpuConflictError
 from auditor.model import CATEGORIES, GpuRecord
 from auditor.report.finance import TEXT_COLUMNS, parse_week
-from auditor.settings import Config, Thresholds
-from auditor.simulate import SCENARIOS, SimulationResult, simulate
+from auditor.settings import Thresholds
+from auditor.simulate import SimulationResult
 from auditor.store.connection import make_engine
 from auditor.store.schema import pods
 from auditor.store.writes import close_missing_pods, upsert_gpus
 
 runner = CliRunner()
-CLUSTERS = ("east", "west")
 HOURS = [f"{c.value}_gpu_hours" for c in CATEGORIES]
 WEEK = "2026-W48"
 
 
 @pytest.fixture(scope="module")
 def sims(tmp_path_factory: pytest.TempPathFactory) -> dict[str, SimulationResult]:
-    tmp = tmp_path_factory.mktemp("clusters")
-    small = SCENARIOS["small"]
-    return {
-        "east": simulate(tmp / "east", scenario=small),
-        "west": simulate(tmp / "west", scenario=replace(small, seed=small.seed + 1)),
-    }
-
-
-def load(url: str, sim: SimulationResult, cluster: str) -> None:
-    for node, path in sorted(sim.node_csvs.items()):
-        jobs.import_nvidia_smi(url, path, node=node, cluster=cluster)
-    jobs.import_pods(url, sim.pods_json, config=Config(), cluster=cluster)
+    return simulate_clusters(tmp_path_factory.mktemp("clusters"))
 
 
 @pytest.fixture(scope="module")
