@@ -50,7 +50,7 @@ from enum import StrEnum
 import numpy as np
 import pandas as pd
 
-from auditor.classify.arrays import run_factorize
+from auditor.classify.arrays import run_factorize, run_isin
 from auditor.model import WasteCategory
 from auditor.settings import CauseThresholds
 
@@ -215,10 +215,8 @@ def split_compute_idle(
     t = thresholds
     link = np.where(np.isnan(card["pcie_link_bytes_s"]), t.pcie_default_bytes_s,
                     card["pcie_link_bytes_s"])  # fmt: skip
-    # per distinct pod, not per piece: half a million pieces share a few hundred pods
-    pod_codes, pod_uids = pd.factorize(idle["pod_uid"])
-    multi = set(multi_card_pods)
-    gang = np.array([str(u) in multi for u in pod_uids], dtype=bool)[pod_codes]
+    # per run of pieces, not per piece: half a million pieces share a few hundred pods
+    gang = run_isin(idle["pod_uid"].astype(str), set(multi_card_pods))
     running, waiting = pod["requests_running"], pod["requests_waiting"]
     serving = ~np.isnan(running) | ~np.isnan(waiting)
     queued = np.nan_to_num(running) + np.nan_to_num(waiting) > 0

@@ -22,7 +22,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from auditor.classify.arrays import order_by, run_factorize
+from auditor.classify.arrays import order_by, run_factorize, starts_of
 from auditor.model import CATEGORIES, WasteCategory, Window
 
 FloatArr = npt.NDArray[np.float64]
@@ -91,8 +91,7 @@ def bucketise(pieces: pd.DataFrame, *, span: Window, buckets: int = 600) -> list
     starts = starts[order]
     ends = held["end_ms"].to_numpy(dtype=np.float64)[order]
     amounts = held["seconds"].to_numpy(dtype=np.float64)[order]
-    cut = np.flatnonzero((card[1:] != card[:-1]) | (pod[1:] != pod[:-1]) | (cat[1:] != cat[:-1]))
-    bounds = np.concatenate([[0], cut + 1, [card.size]]).tolist()
+    bounds = [*np.flatnonzero(starts_of(card, pod, cat)).tolist(), card.size]
     out: list[CardTimeline] = []
     sec: dict[str, FloatArr] = {}
     for a, b in pairwise(bounds):
