@@ -51,7 +51,8 @@ def load(url: str, *, gpus: int, hours: float) -> tuple[int, int, int]:
     """The fleet's samples, pods and assignments; (start_ms, end_ms, samples)."""
     from auditor.store import bulk, migrate
     from auditor.store.connection import make_engine
-    from auditor.store.writes import upsert_assignments, upsert_gpus, upsert_pods
+    from auditor.store.pod_writes import upsert_pods
+    from auditor.store.writes import upsert_assignments, upsert_gpus
 
     fleet = make_fleet(gpus=gpus, days=hours / 24)
     engine = make_engine(url)

@@ -53,7 +53,8 @@ def peak_mib():
 def load(url, gpus, days, baseline=True):
     from auditor.store import bulk
     from auditor.store.connection import make_engine
-    from auditor.store.writes import upsert_assignments, upsert_gpus, upsert_pods
+    from auditor.store.writes import upsert_assignments, upsert_gpus
+    from auditor.store.pod_writes import upsert_pods
     fleet = make_fleet(gpus=gpus, days=days)
     engine = make_engine(url)
     with engine.begin() as conn:

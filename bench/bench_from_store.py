@@ -42,7 +42,7 @@ from auditor.model import PodRecord, WorkloadKind
 from auditor.settings import Thresholds
 from auditor.store import migrate
 from auditor.store.connection import make_engine
-from auditor.store.writes import upsert_pods
+from auditor.store.pod_writes import upsert_pods
 
 HOUR = 3600
 STEP = 30

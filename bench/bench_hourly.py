@@ -30,7 +30,8 @@ from fleet import make_fleet, sample_batches
 from auditor.store import bulk
 from auditor.store.connection import make_engine
 from auditor.store.migrate import upgrade
-from auditor.store.writes import upsert_assignments, upsert_gpus, upsert_pods
+from auditor.store.writes import upsert_assignments, upsert_gpus
+from auditor.store.pod_writes import upsert_pods
 url, (gpus, days) = sys.argv[1], map(float, sys.argv[2].split("x"))
 fleet = make_fleet(gpus=int(gpus), days=days)
 engine = make_engine(url)

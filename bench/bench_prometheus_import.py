@@ -30,7 +30,7 @@ from auditor.collect.prometheus import PrometheusClient
 from auditor.jobs import import_prometheus, open_store
 from auditor.jobs.imports import PrometheusImportStats
 from auditor.model import PodRecord, WorkloadKind
-from auditor.store.writes import upsert_pods
+from auditor.store.pod_writes import upsert_pods
 
 DAY = 86_400
 

@@ -206,7 +206,8 @@ def import_pods(
     from auditor.model import PodRecord
     from auditor.store import ledger
     from auditor.store.outages import record_node_states
-    from auditor.store.writes import upsert_exact_assignments, upsert_nodes, upsert_pods
+    from auditor.store.pod_writes import upsert_pods
+    from auditor.store.writes import upsert_exact_assignments, upsert_nodes
 
     started = time.perf_counter()
     engine = open_store(url)

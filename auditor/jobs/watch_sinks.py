@@ -38,8 +38,8 @@ from auditor.model import DEFAULT_CLUSTER, PodRecord
 from auditor.settings import Sharing, TeamRules
 from auditor.store.bounds import RowError, check_row, is_data_error
 from auditor.store.connection import transaction
+from auditor.store.pod_writes import known_deletions, pod_row
 from auditor.store.schema import nodes, pods
-from auditor.store.writes import known_deletions, pod_row
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection, Engine
@@ -219,7 +219,7 @@ class PodSink(_StoreSink):
         return rec
 
     def replace(self, items: list[dict[str, Any]], *, resource_version: str, at_ms: int) -> int:
-        from auditor.store.writes import close_missing_pods
+        from auditor.store.pod_writes import close_missing_pods
 
         records = [r for r in (self._record(i, seen_ms=at_ms) for i in items) if r is not None]
         # a listed pod that was skipped still exists: it must not be closed as gone
@@ -282,7 +282,7 @@ class PodSink(_StoreSink):
     def _still_waiting(self, conn: Connection, at_ms: int) -> int:
         """A pod the watch says nothing new of is as it was: one still waiting to be
         scheduled is seen waiting at `at_ms` (its wait is known to last until then)."""
-        from auditor.store.writes import touch_waiting_pods
+        from auditor.store.pod_writes import touch_waiting_pods
 
         return touch_waiting_pods(conn, at_ms=at_ms, in_scope=self.in_scope, cluster=self.cluster)
 
@@ -300,7 +300,8 @@ class PodSink(_StoreSink):
 
     def _write_pods(self, conn: Connection, records: list[PodRecord]) -> None:
         """Pods, and the cards HAMi's annotation names for them (SPEC §7)."""
-        from auditor.store.writes import upsert_exact_assignments, upsert_pods
+        from auditor.store.pod_writes import upsert_pods
+        from auditor.store.writes import upsert_exact_assignments
 
         upsert_pods(conn, records, cluster=self.cluster)
         upsert_exact_assignments(

@@ -29,9 +29,9 @@ from auditor.jobs import open_store
 from auditor.model import PodRecord
 from auditor.store import migrate
 from auditor.store.connection import make_engine
+from auditor.store.pod_writes import upsert_pods
 from auditor.store.sample_sink import StoreSink
 from auditor.store.schema import gpu_assignments, gpu_samples, gpus
-from auditor.store.writes import upsert_pods
 
 __all__ = ["fake_nvml_library"]
 

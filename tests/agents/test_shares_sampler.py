@@ -165,7 +165,7 @@ def sampler(store: str, tmp: Path, socket: Path, *, proc_root: Path | None) -> S
     reader = NvmlReader(node="node-a", clock=clock, proc_root=proc_root)
     reader.open()
     with open_store(store).begin() as conn:
-        from auditor.store.writes import upsert_pods
+        from auditor.store.pod_writes import upsert_pods
 
         upsert_pods(
             conn,

@@ -23,7 +23,8 @@ from auditor.report.advice import STALLED_BUSY_STEP
 from auditor.settings import Thresholds
 from auditor.store import migrate
 from auditor.store.connection import make_engine
-from auditor.store.writes import insert_samples, upsert_gpus, upsert_pods
+from auditor.store.pod_writes import upsert_pods
+from auditor.store.writes import insert_samples, upsert_gpus
 
 T0 = 1_795_000_000_000
 STEP = 10_000

@@ -357,7 +357,7 @@ def _store_case(url: str, case: Case) -> None:
     through the store's own writes, as the importers and the sampler write them."""
     from auditor.jobs.common import open_store
     from auditor.model import GpuRecord, GpuSample, PodRecord, TenantSample, WorkloadKind
-    from auditor.store import writes
+    from auditor.store import pod_writes, writes
 
     engine = open_store(url)
     try:
@@ -400,7 +400,7 @@ def _store_case(url: str, case: Case) -> None:
                     }
                 ],
             )
-            writes.upsert_pods(
+            pod_writes.upsert_pods(
                 conn,
                 [
                     PodRecord(

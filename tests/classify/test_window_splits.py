@@ -195,7 +195,7 @@ def write_case(url: str, case: Case) -> None:
     """The case through the store's own writes, as the importers and the watcher write."""
     from auditor.jobs.common import open_store
     from auditor.model import GpuRecord, GpuSample, PodRecord, WorkloadKind
-    from auditor.store import writes
+    from auditor.store import pod_writes, writes
 
     engine = open_store(url)
     try:
@@ -212,7 +212,7 @@ def write_case(url: str, case: Case) -> None:
                 ],
                 ids,
             )
-            writes.upsert_pods(
+            pod_writes.upsert_pods(
                 conn,
                 [
                     PodRecord(

@@ -36,8 +36,8 @@ from auditor.model import PodRecord
 from auditor.settings import Thresholds
 from auditor.store import migrate
 from auditor.store.connection import make_engine
+from auditor.store.pod_writes import upsert_pods
 from auditor.store.schema import audit_results, audit_runs, gpu_assignments, gpu_samples, gpus
-from auditor.store.writes import upsert_pods
 
 STEP = 30
 HOUR = 3600

@@ -35,7 +35,7 @@ from auditor.report.summary import GroupBy
 from auditor.settings import Config, Prices, Thresholds
 from auditor.store import migrate
 from auditor.store.connection import make_engine
-from auditor.store.writes import upsert_pods
+from auditor.store.pod_writes import upsert_pods
 
 STEP = 30
 H = 3600

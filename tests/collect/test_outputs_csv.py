@@ -18,8 +18,9 @@ from auditor.model import GpuRecord, GpuSample
 from auditor.settings import Thresholds
 from auditor.store import migrate
 from auditor.store.connection import make_engine
+from auditor.store.pod_writes import upsert_pods
 from auditor.store.work_done import read_outputs
-from auditor.store.writes import insert_samples, upsert_gpus, upsert_pods
+from auditor.store.writes import insert_samples, upsert_gpus
 
 T0 = 1_795_000_000_000  # 2026-11-18T11:06:40Z
 HOUR = 3_600_000

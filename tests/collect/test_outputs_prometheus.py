@@ -31,8 +31,8 @@ from auditor.settings import Config
 from auditor.simulate.ab import simulate_ab
 from auditor.store import migrate
 from auditor.store.connection import make_engine
+from auditor.store.pod_writes import upsert_pods
 from auditor.store.work_done import read_latency, read_outputs
-from auditor.store.writes import upsert_pods
 
 T0 = 1_795_248_000  # 2026-11-21 08:00 UTC, a day before the A/B story; a multiple of 300 s
 STEP = 15

@@ -31,8 +31,9 @@ from auditor.report.summary import GroupBy
 from auditor.settings import Thresholds
 from auditor.store import migrate
 from auditor.store.connection import make_engine
+from auditor.store.pod_writes import upsert_pods
 from auditor.store.schema import gpus
-from auditor.store.writes import upsert_gpus, upsert_pods
+from auditor.store.writes import upsert_gpus
 
 STEP = 30
 H = 3600

@@ -29,8 +29,9 @@ from auditor.jobs import import_prometheus, open_store
 from auditor.model import GpuRecord, PodRecord
 from auditor.store import migrate, reads
 from auditor.store.connection import make_engine
+from auditor.store.pod_writes import upsert_pods
 from auditor.store.schema import gpu_assignments, gpu_samples, gpus
-from auditor.store.writes import upsert_gpus, upsert_pods
+from auditor.store.writes import upsert_gpus
 
 STEP = 30
 DAY = 86_400

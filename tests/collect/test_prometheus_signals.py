@@ -29,8 +29,8 @@ from auditor.jobs.common import open_store
 from auditor.model import PodRecord
 from auditor.store import migrate
 from auditor.store.connection import make_engine
+from auditor.store.pod_writes import upsert_pods
 from auditor.store.schema import card_signals, gpus, pod_signals
-from auditor.store.writes import upsert_pods
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "signals"
 T0 = 1_795_248_000  # a multiple of 300 s

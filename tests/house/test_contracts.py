@@ -71,7 +71,7 @@ def test_the_unchanged_tree_keeps_every_contract(tmp_path: Path) -> None:
         ),
         pytest.param(
             "auditor/agents/watch/direct.py",
-            "from auditor.store.writes import upsert_pods\n",
+            "from auditor.store.pod_writes import upsert_pods\n",
             READERS_AND_AGENTS,
             id="agent-store",
         ),

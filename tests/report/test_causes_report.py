@@ -26,7 +26,7 @@ from auditor.model import GpuRecord, GpuSample, PodRecord, WorkloadKind
 from auditor.report.causes import CAUSE_COLUMNS
 from auditor.report.finance import COLUMNS
 from auditor.settings import Config, Thresholds
-from auditor.store import writes
+from auditor.store import pod_writes, writes
 from auditor.store.signals import write_card_signals, write_node_outages, write_pod_signals
 
 T0 = 1_795_392_000_000  # Monday 2026-11-23 00:00 UTC
@@ -55,7 +55,7 @@ def _store(engine: Engine) -> None:
         ]
         samples += [GpuSample(FREE, int(t), 0.0) for t in ts]
         writes.insert_samples(conn, samples, ids)
-        writes.upsert_pods(
+        pod_writes.upsert_pods(
             conn,
             [
                 PodRecord(

@@ -25,8 +25,9 @@ from auditor.report.finance import TEXT_COLUMNS, parse_week
 from auditor.settings import Thresholds
 from auditor.simulate import SimulationResult
 from auditor.store.connection import make_engine
+from auditor.store.pod_writes import close_missing_pods
 from auditor.store.schema import pods
-from auditor.store.writes import close_missing_pods, upsert_gpus
+from auditor.store.writes import upsert_gpus
 
 runner = CliRunner()
 HOURS = [f"{c.value}_gpu_hours" for c in CATEGORIES]

@@ -100,7 +100,7 @@ def _pods() -> list[tuple[PodRecord, str]]:
 
 def _write(url: str) -> None:
     from auditor.jobs.common import open_store
-    from auditor.store import writes
+    from auditor.store import pod_writes, writes
     from auditor.store.signals import write_node_outages, write_pod_signals
 
     engine = open_store(url)
@@ -113,7 +113,7 @@ def _write(url: str) -> None:
                  enumerate(CARDS)],
             )  # fmt: skip
             writes.insert_samples(conn, _samples(), ids)
-            writes.upsert_pods(conn, [p for p, _ in pods])
+            pod_writes.upsert_pods(conn, [p for p, _ in pods])
             writes.upsert_assignments(
                 conn, [(p.uid, ids[c], int(p.bound_ms or 0)) for p, c in pods], source="test"
             )

@@ -97,7 +97,7 @@ def test_the_audit_judges_idle_time_by_a_card_row_from_before_the_pod_was_bound(
     the 180 s a row stands for); the card's rows while it was free are not needed."""
     from auditor import jobs
     from auditor.model import GpuSample, PodRecord, WorkloadKind
-    from auditor.store import writes
+    from auditor.store import pod_writes, writes
 
     t0, bound = 1_795_392_000_000, 1_795_392_000_000 + 600_000
     ts = range(t0, t0 + 1_800_000, 15_000)
@@ -109,7 +109,7 @@ def test_the_audit_judges_idle_time_by_a_card_row_from_before_the_pod_was_bound(
                        else 100.0) for t in ts],
             ids,
         )  # fmt: skip
-        writes.upsert_pods(
+        pod_writes.upsert_pods(
             conn,
             [PodRecord(uid="pod-1", namespace="ml", name="train-0", node="node-a",
                        team="vision", job="Job/train", job_kind="Job",

@@ -10,6 +10,7 @@ from sqlalchemy import Engine, select
 
 from auditor.model import GpuRecord, GpuSample, PodRecord, TenantSample, WorkloadKind
 from auditor.store import reads
+from auditor.store.pod_writes import upsert_pods
 from auditor.store.schema import gpu_samples, gpus, pods
 from auditor.store.writes import (
     insert_samples,
@@ -19,7 +20,6 @@ from auditor.store.writes import (
     upsert_assignments,
     upsert_gpus,
     upsert_nodes,
-    upsert_pods,
 )
 
 
