@@ -300,33 +300,43 @@ def _covered_ms(
     return covered
 
 
-def split_unallocated(
+FREE_SHARE_COLUMNS = ["gpu", "kind", "start_ms", "end_ms", "seconds", "gone", "avail_w"]
+"""Per `unallocated` piece (`free_shares`): its card and the card's kind, its span, its free
+card-seconds, those of them inside an `unavailable` stretch, and the free share still
+available per millisecond (what waiting demand is matched against); `hour_ms` too where
+the pieces carry it."""
+
+
+def free_shares(
     pieces: pd.DataFrame,
     *,
     card_node: Mapping[str, str],
     card_kind: Mapping[str, str],
     unavailable: pd.DataFrame | None,
     demand: pd.DataFrame | None,
+    fold: bool = True,
 ) -> pd.DataFrame:
-    """Seconds per (gpu, cause) of the `unallocated` pieces (module docstring); per (gpu,
-    hour_ms, cause) where the pieces carry `hour_ms` (cut at the hour grid)."""
-    free = pieces[pieces["category"] == WasteCategory.UNALLOCATED.value]
-    hourly = HOUR in pieces.columns
-    if free.empty:
-        empty = pd.DataFrame({"gpu": pd.Series(dtype=object), "cause": pd.Series(dtype=object),
-                              "seconds": pd.Series(dtype=np.float64)})  # fmt: skip
-        return empty.assign(**{HOUR: pd.Series(dtype=np.int64)}) if hourly else empty
-    codes, cards = _card_codes(free["gpu"])
-    gpu = np.asarray(cards, dtype=object)[codes]
-    start = free["start_ms"].to_numpy(np.int64)
-    end = free["end_ms"].to_numpy(np.int64)
-    seconds = free["seconds"].to_numpy(np.float64)
-    length = np.maximum(end - start, 1).astype(np.float64)
-    weight = seconds * 1000.0 / length  # the card's free share during the piece
+    """The `unallocated` pieces as `FREE_SHARE_COLUMNS`: the part of the free split that
+    depends on the card alone. The split of a card's free time depends on the other cards'
+    only through their free capacity while demand waited, so the shares of any set of cards
+    can be concatenated and split at once (`split_free`) as one split of all their pieces.
 
-    out_ms = np.zeros(gpu.size)
+    Folded (`fold`), as an audit keeps them until its last chunk: the pieces no wait of
+    `demand` overlaps become one row per card (and hour) of no span and no available share
+    (no demand can block them, nor do they weigh against another card's), and those a wait
+    overlaps are merged where one meets the next of its card and hour at the same free
+    share. So a chunk's shares are bounded by its cards and hours, not by its samples, and
+    split as its pieces would be. `fold=False`: a row per piece."""
+    free = (pieces["category"] == WasteCategory.UNALLOCATED.value).to_numpy()
+    hourly = HOUR in pieces.columns
+    codes, cards = _card_codes(pieces["gpu"][free])
+    start = pieces["start_ms"].to_numpy(np.int64)[free]
+    end = pieces["end_ms"].to_numpy(np.int64)[free]
+    seconds = pieces["seconds"].to_numpy(np.float64)[free]
+    length = np.maximum(end - start, 1).astype(np.float64)
+    out_ms = np.zeros(seconds.size)
     card_nodes = np.array([card_node.get(g, "") for g in cards], dtype=object)
-    if unavailable is not None and not unavailable.empty:
+    if unavailable is not None and not unavailable.empty and seconds.size:
         for name, spans in unavailable.groupby("node"):
             on = (card_nodes == name)[codes]
             out_ms[on] = _covered_ms(
@@ -336,11 +346,95 @@ def split_unallocated(
                 spans["end_ms"].to_numpy(np.int64),
             )
     gone = seconds * out_ms / length
-    avail_w = weight * (1.0 - out_ms / length)  # free share still available, per ms
+    avail_w = seconds * 1000.0 / length * (1.0 - out_ms / length)  # free share left, per ms
+    hours = pieces[HOUR].to_numpy(np.int64)[free] if hourly else np.zeros(seconds.size, np.int64)
+    kinds = np.array([card_kind.get(g, "") for g in cards], dtype=object)
+    rows = {"code": codes.astype(np.int64), "start_ms": start, "end_ms": end,
+            "seconds": seconds, "gone": gone, "avail_w": avail_w, HOUR: hours}  # fmt: skip
+    if fold:
+        if demand is not None and not demand.empty and seconds.size:
+            d_start = demand["start_ms"].to_numpy(np.int64)
+            waited = _covered_ms(start, end, d_start, demand["end_ms"].to_numpy(np.int64))
+            open_ = waited > 0
+        else:
+            open_ = np.zeros(seconds.size, dtype=bool)
+        shut, merged = _folded(rows, ~open_), _merged(rows, open_)
+        rows = {k: np.concatenate([merged[k], shut[k]]) for k in rows}
+    frame = pd.DataFrame(
+        {
+            "gpu": cards[rows["code"]],
+            "kind": kinds[rows["code"]],
+            **{k: rows[k] for k in FREE_SHARE_COLUMNS[2:]},
+        }
+    )
+    if hourly:
+        frame[HOUR] = rows[HOUR]
+    return frame
 
-    blocked = np.zeros(gpu.size)
+
+def _folded(rows: dict[str, np.ndarray], mask: np.ndarray) -> dict[str, np.ndarray]:
+    """The masked rows summed per (card, hour), in that order: no span, no available share."""
+    code, hours = rows["code"][mask], rows[HOUR][mask]
+    grid, hour_codes = np.unique(hours, return_inverse=True)
+    width = max(grid.size, 1)
+    uniq, group = np.unique(code * width + hour_codes.reshape(-1), return_inverse=True)
+    group = group.reshape(-1)
+
+    def total(column: str) -> np.ndarray:
+        return np.bincount(group, weights=rows[column][mask], minlength=uniq.size)
+
+    zero = np.zeros(uniq.size, np.int64)
+    return {
+        "code": uniq // width,
+        "start_ms": zero,
+        "end_ms": zero,
+        "seconds": total("seconds"),
+        "gone": total("gone"),
+        "avail_w": np.zeros(uniq.size),
+        HOUR: grid[uniq % width],
+    }
+
+
+def _merged(rows: dict[str, np.ndarray], mask: np.ndarray) -> dict[str, np.ndarray]:
+    """The masked rows with each run of one card and hour at one free share, each piece
+    ending where the next starts, merged into one: its seconds are theirs, and so is any
+    demand's share of them (`split_free` is additive over a share's time)."""
+    picked = np.flatnonzero(mask)
+    order = picked[np.lexsort((rows["start_ms"][picked], rows[HOUR][picked],
+                               rows["code"][picked]))]  # fmt: skip
+    code, hour, a, b, w = (rows[k][order] for k in ("code", HOUR, "start_ms", "end_ms", "avail_w"))
+    first = np.ones(order.size, dtype=bool)
+    first[1:] = (
+        (code[1:] != code[:-1]) | (hour[1:] != hour[:-1]) | (a[1:] != b[:-1]) | (w[1:] != w[:-1])
+    )
+    starts = np.flatnonzero(first)
+    ends = np.append(starts[1:], order.size) - 1
+    if not order.size:
+        return {k: v[:0] for k, v in rows.items()}
+    return {"code": code[starts], "start_ms": a[starts], "end_ms": b[ends],
+            "seconds": np.add.reduceat(rows["seconds"][order], starts),
+            "gone": np.add.reduceat(rows["gone"][order], starts), "avail_w": w[starts],
+            HOUR: hour[starts]}  # fmt: skip
+
+
+def split_free(shares: pd.DataFrame, *, demand: pd.DataFrame | None) -> pd.DataFrame:
+    """Seconds per (gpu, cause) of the free shares (module docstring); per (gpu, hour_ms,
+    cause) where they carry `hour_ms`."""
+    hourly = HOUR in shares.columns
+    if shares.empty:
+        empty = pd.DataFrame({"gpu": pd.Series(dtype=object), "cause": pd.Series(dtype=object),
+                              "seconds": pd.Series(dtype=np.float64)})  # fmt: skip
+        return empty.assign(**{HOUR: pd.Series(dtype=np.int64)}) if hourly else empty
+    codes, cards = _card_codes(shares["gpu"])
+    start = shares["start_ms"].to_numpy(np.int64)
+    end = shares["end_ms"].to_numpy(np.int64)
+    seconds = shares["seconds"].to_numpy(np.float64)
+    gone = shares["gone"].to_numpy(np.float64)
+    avail_w = shares["avail_w"].to_numpy(np.float64)
+
+    blocked = np.zeros(seconds.size)
     if demand is not None and not demand.empty and avail_w.any():
-        kind = np.array([card_kind.get(g, "") for g in cards], dtype=object)[codes]
+        kind = shares["kind"].to_numpy(dtype=object)
         d_kind = demand["kind"].astype(object).where(demand["kind"].notna(), None).to_numpy()
         d_start = demand["start_ms"].to_numpy(np.int64)
         d_end = demand["end_ms"].to_numpy(np.int64)
@@ -375,13 +469,16 @@ def split_unallocated(
         step = np.diff(grid).astype(np.float64)
         cum = np.concatenate([np.zeros((len(kinds), 1)), np.cumsum(frac * step, axis=1)], axis=1)
         blocked = avail_w * (cum[ki, ei] - cum[ki, si]) / 1000.0
-        blocked = np.minimum(blocked, seconds - gone)
+        left = seconds - gone
+        # a share merged from several pieces (`free_shares`) adds their rounding: what is
+        # within it of all that was left is all of it, as the pieces' sum would give
+        blocked = np.where(blocked >= left * (1.0 - 1e-9), left, blocked)
     rest = np.maximum(seconds - gone - blocked, 0.0)
     names = [FreeCause.BLOCKED.value, FreeCause.NO_DEMAND.value, FreeCause.UNAVAILABLE.value]
     group, n_groups = codes, len(cards)
     group_gpu = np.asarray(cards, dtype=object)
     if hourly:  # one group per (card, hour), numbered in (card, hour) order
-        hours, hour_codes = np.unique(free[HOUR].to_numpy(np.int64), return_inverse=True)
+        hours, hour_codes = np.unique(shares[HOUR].to_numpy(np.int64), return_inverse=True)
         pair = codes.astype(np.int64) * hours.size + hour_codes.reshape(-1)
         uniq, group = np.unique(pair, return_inverse=True)
         group = group.reshape(-1)
@@ -402,6 +499,22 @@ def split_unallocated(
         columns = [*FREE_COLUMNS, HOUR]
     kept = frame[frame["seconds"] > 0].sort_values(["gpu", "cause"], kind="stable")
     return kept.reset_index(drop=True)[columns]
+
+
+def split_unallocated(
+    pieces: pd.DataFrame,
+    *,
+    card_node: Mapping[str, str],
+    card_kind: Mapping[str, str],
+    unavailable: pd.DataFrame | None,
+    demand: pd.DataFrame | None,
+) -> pd.DataFrame:
+    """Seconds per (gpu, cause) of the `unallocated` pieces (module docstring); per (gpu,
+    hour_ms, cause) where the pieces carry `hour_ms` (cut at the hour grid)."""
+    shares = free_shares(
+        pieces, card_node=card_node, card_kind=card_kind, unavailable=unavailable, demand=demand
+    )
+    return split_free(shares, demand=demand)
 
 
 def _card_codes(gpu: pd.Series) -> tuple[np.ndarray, np.ndarray]:
@@ -432,6 +545,36 @@ def multi_card_pods(tenures: pd.DataFrame) -> set[str]:
     return set(tenures.loc[tenures["gang"].isin(gangs), "pod_uid"].astype(str))
 
 
+def card_maps(cards: pd.DataFrame) -> tuple[dict[str, str], dict[str, str]]:
+    """(card -> node, card -> kind) of `cards` (uuid, node, model): what `free_shares` takes."""
+    uuid = cards["uuid"].astype(str)
+    return (
+        dict(zip(uuid, cards["node"].astype(str), strict=True)),
+        {u: kind_key(m) for u, m in zip(uuid, cards["model"].fillna(""), strict=True)},
+    )
+
+
+def keyed_demand(demand: pd.DataFrame | None) -> pd.DataFrame | None:
+    """The demand with each kind spelt as `kind_key` spells the cards' models."""
+    if demand is None or demand.empty:
+        return demand
+    keyed = [kind_key(k) if isinstance(k, str) else None for k in demand["kind"].astype(object)]
+    return demand.assign(kind=pd.Series(keyed, index=demand.index, dtype=object))
+
+
+def free_cause_frame(free: pd.DataFrame, *, demand_known: bool) -> pd.DataFrame:
+    """`split_free`'s seconds as `CAUSE_COLUMNS` rows of `unallocated` (hour_ms too where
+    they carry it): `blocked` and `unavailable` always rest on a signal, `no_demand` only
+    where waiting pods were looked for (`split_causes`)."""
+    on_signal = free["cause"] != FreeCause.NO_DEMAND.value
+    out = free.assign(
+        pod_uid=None,
+        category=WasteCategory.UNALLOCATED.value,
+        signalled_seconds=np.where(on_signal | demand_known, free["seconds"], 0.0),
+    )
+    return out[[*CAUSE_COLUMNS, HOUR] if HOUR in free.columns else CAUSE_COLUMNS]
+
+
 def split_causes(
     pieces: pd.DataFrame,
     *,
@@ -443,12 +586,15 @@ def split_causes(
     demand: pd.DataFrame | None,
     demand_known: bool,
     thresholds: CauseThresholds,
+    free: bool = True,
 ) -> pd.DataFrame:
     """Seconds per (gpu, pod_uid, category, cause) of both splits (`CAUSE_COLUMNS`), and the
     part of them judged on a recorded signal. `cards`: uuid, node, model (a card's kind is
     its model). `demand_known`: whether waiting pods were looked for at all (pod objects
     were recorded); without it `no_demand` rests on no signal, while `unavailable` and
-    `blocked` always rest on one."""
+    `blocked` always rest on one. `free=False`: `compute_idle` alone, the free time left to
+    the caller (`free_shares`, then `split_free` and `free_cause_frame`), as an audit in
+    chunks does to split every chunk's free time at once."""
     idle = split_compute_idle(
         pieces,
         pod_signals=pod_signals,
@@ -456,30 +602,23 @@ def split_causes(
         multi_card_pods=multi_card_pods(tenures),
         thresholds=thresholds,
     )
-    uuid = cards["uuid"].astype(str)
-    if demand is not None and not demand.empty:
-        kinds = demand["kind"].astype(object)
-        keyed = [kind_key(k) if isinstance(k, str) else None for k in kinds]
-        demand = demand.assign(kind=pd.Series(keyed, index=demand.index, dtype=object))
-    free = split_unallocated(
-        pieces,
-        card_node=dict(zip(uuid, cards["node"].astype(str), strict=True)),
-        card_kind={u: kind_key(m) for u, m in zip(uuid, cards["model"].fillna(""), strict=True)},
+    card_node, card_kind = card_maps(cards)
+    free_time = split_unallocated(
+        pieces[pieces["category"] == WasteCategory.UNALLOCATED.value] if free else pieces[:0],
+        card_node=card_node,
+        card_kind=card_kind,
         unavailable=unavailable,
-        demand=demand,
+        demand=keyed_demand(demand),
     )
     idle = idle.assign(
         category=WasteCategory.COMPUTE_IDLE.value,
         signalled_seconds=np.where(idle["signalled"], idle["seconds"], 0.0),
     )
-    on_signal = free["cause"] != FreeCause.NO_DEMAND.value
-    free = free.assign(
-        pod_uid=None,
-        category=WasteCategory.UNALLOCATED.value,
-        signalled_seconds=np.where(on_signal | demand_known, free["seconds"], 0.0),
-    )
     columns = [*CAUSE_COLUMNS, HOUR] if HOUR in pieces.columns else CAUSE_COLUMNS
-    both = pd.concat([idle[columns], free[columns]], ignore_index=True)
+    both = pd.concat(
+        [idle[columns], free_cause_frame(free_time, demand_known=demand_known)],
+        ignore_index=True,
+    )
     if both.empty:
         return both.astype({"seconds": np.float64, "signalled_seconds": np.float64})
     keys = ["gpu", "pod_uid", "category", "cause", *columns[len(CAUSE_COLUMNS) :]]

@@ -137,8 +137,9 @@ def audit(
     `chunk_samples`: a longer window means fewer nodes per chunk, so memory follows the
     chunk, not the fleet or the window. With `shard=(i, n)` only the nodes of shard i are
     audited; the n shards together store exactly what one unsharded run stores, but for the
-    split of free time between `blocked` and `no_demand` where pods waited: each chunk (and
-    so each shard) weighs the waiting demand against its own free cards.
+    split of free time between `blocked` and `no_demand` where pods waited: each shard
+    weighs the waiting demand against its own free cards. Chunks have no such limit: each
+    keeps its free time folded (`free_shares`), and it is split after the last chunk.
     """
     started = time.perf_counter()
     if cluster is None:
@@ -222,7 +223,16 @@ def _audit(
 ) -> AuditStats:
     """The audit of `cluster` over `audited` on `engine`; samples from the store, else from
     `source`."""
-    from auditor.classify.causes import split_causes
+    import pandas as pd
+
+    from auditor.classify.causes import (
+        card_maps,
+        free_cause_frame,
+        free_shares,
+        keyed_demand,
+        split_causes,
+        split_free,
+    )
     from auditor.classify.efficiency import efficiency
     from auditor.classify.hours import HOUR_MS, cut_at_hours
     from auditor.classify.pipeline import classify
@@ -245,6 +255,7 @@ def _audit(
     finding_rows: list[dict[str, object]] = []
     sm_rows: list[dict[str, object]] = []
     cause_rows: list[dict[str, object]] = []
+    free_kept: list[pd.DataFrame] = []
     n_samples = n_gpus = 0
     rolled = 0.0
     with engine.connect() as conn:
@@ -286,6 +297,8 @@ def _audit(
     with engine.connect() as conn:
         unavailable = read_node_outages(conn, window=audited, cluster=cluster)
         demand = read_demand(conn, window=audited, cluster=cluster)
+    card_node, card_kind = card_maps(gpus)
+    waited = keyed_demand(demand)
     # a piece the window cuts is judged at its whole midpoint, up to a sample's coverage
     # outside the window: its signal may lie that far out, and up to `signal_stale_s` before
     stale = round(thresholds.signal_stale_s * 1000)
@@ -355,9 +368,20 @@ def _audit(
             # stored per UTC hour (SPEC §11): any whole-hour window inside the run is served
             res = result.hourly[result.hourly["gpu"].isin(own)]
             signals = signalling.result()
+            cut = cut_at_hours(result.pieces[result.pieces["gpu"].isin(own)], window=audited)
+            # Free time is split once every chunk's is known: waiting demand is shared among
+            # the free cards of the whole run, so a card's `blocked` seconds do not depend on
+            # which cards shared its chunk. A chunk keeps a row per card and hour, and its
+            # pieces that overlap a wait (`free_shares`).
+            free_kept.append(
+                free_shares(
+                    cut, card_node=card_node, card_kind=card_kind, unavailable=unavailable,
+                    demand=waited,
+                )
+            )  # fmt: skip
             cause_rows += _cause_rows(
                 split_causes(
-                    cut_at_hours(result.pieces[result.pieces["gpu"].isin(own)], window=audited),
+                    cut,
                     tenures=part,
                     cards=gpus,
                     pod_signals=signals.pods,
@@ -366,6 +390,7 @@ def _audit(
                     demand=demand,
                     demand_known=not tenures.empty,
                     thresholds=thresholds.causes,
+                    free=False,
                 ),
                 gpu_ids,
             )
@@ -391,7 +416,13 @@ def _audit(
             n_samples += int(mine.sum())
             n_gpus += int(samples.loc[mine, "gpu"].nunique())
             rolled += rolled_up_seconds(samples, window=audited, gpus=own)
-            del got, signals, samples, activity, result, res, fnd, mine
+            del got, signals, samples, activity, result, res, fnd, mine, cut
+    if free_kept:
+        shares = pd.concat(free_kept, ignore_index=True)
+        free_time = split_free(shares, demand=waited)
+        cause_rows += _cause_rows(
+            free_cause_frame(free_time, demand_known=not tenures.empty), gpu_ids
+        )
     with engine.begin() as conn:
         run_id = replace_audit_run(
             conn,

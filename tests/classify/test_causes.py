@@ -17,7 +17,9 @@ from auditor.classify import classify
 from auditor.classify.causes import (
     FreeCause,
     IdleCause,
+    free_shares,
     split_compute_idle,
+    split_free,
     split_unallocated,
 )
 from auditor.model import Window
@@ -281,6 +283,49 @@ def test_causes_sum_to_unallocated_and_blocked_never_exceeds_demand(
     blocked = out.loc[out["cause"] == FreeCause.BLOCKED.value, "seconds"].sum()
     assert blocked <= sum(c * d for _, _, d, c in asks) + 1e-6
     assert (out["seconds"] > 0).all()
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    frees=st.lists(
+        st.tuples(st.sampled_from(["a1", "a2", "b1"]), st.integers(0, 200), st.integers(1, 60),
+                  st.sampled_from([1.0, 0.5])),
+        min_size=1, max_size=12,
+    ),
+    asks=st.lists(st.tuples(st.sampled_from(["H100", "A100", None]), st.integers(0, 250),
+                            st.integers(1, 100), st.integers(1, 3)), max_size=4),
+    chunk=st.sets(st.sampled_from(["a1", "a2", "b1"])),
+)  # fmt: skip
+@example(  # pieces that meet: merged at one share, apart at two; the cordon cuts b1's
+    frees=[("a1", 0, 10, 1.0), ("a1", 10, 10, 1.0), ("a1", 20, 10, 0.5), ("b1", 20, 20, 1.0),
+           ("b1", 40, 20, 1.0), ("a2", 0, 60, 1.0)],
+    asks=[("H100", 5, 30, 1), (None, 25, 30, 2)], chunk={"a1"},
+)  # fmt: skip
+def test_free_time_split_in_chunks_of_cards_equals_one_split(
+    frees: list[tuple[str, int, int, float]],
+    asks: list[tuple[str | None, int, int, int]],
+    chunk: set[str],
+) -> None:
+    """An audit splits free time in chunks of cards: each chunk's shares folded (those no
+    wait overlaps summed per card and hour, those it overlaps merged where they meet), all
+    split at once, give what one split of every piece gives, card by card and hour by
+    hour."""
+    pieces = pd.DataFrame([free(g, s, n, share) for g, s, n, share in frees])
+    pieces["hour_ms"] = pieces["start_ms"] // 50_000 * 50_000
+    cordon = pd.DataFrame([{"node": "node-b", "start_ms": 30_000, "end_ms": 90_000}])
+    demand = pd.DataFrame(
+        [{"kind": k, "start_ms": s * 1000, "end_ms": (s + d) * 1000, "cards": c}
+         for k, s, d, c in asks],
+        columns=["kind", "start_ms", "end_ms", "cards"],
+    )  # fmt: skip
+    maps = {"card_node": NODES, "card_kind": KINDS, "unavailable": cordon}
+    unfolded = free_shares(pieces, **maps, demand=demand, fold=False)
+    assert len(unfolded) == len(pieces)
+    whole = split_free(unfolded, demand=demand)
+    parts = [pieces[pieces["gpu"].isin(chunk)], pieces[~pieces["gpu"].isin(chunk)]]
+    shares = [free_shares(part, **maps, demand=demand) for part in parts]
+    chunked = split_free(pd.concat(shares, ignore_index=True), demand=demand)
+    pd.testing.assert_frame_equal(chunked, whole, check_exact=False, rtol=1e-9, atol=1e-9)
 
 
 def test_one_sources_row_never_hides_anothers() -> None:
