@@ -136,10 +136,10 @@ def audit(
     nodes read as context, as many nodes per chunk as keep its samples within
     `chunk_samples`: a longer window means fewer nodes per chunk, so memory follows the
     chunk, not the fleet or the window. With `shard=(i, n)` only the nodes of shard i are
-    audited; the n shards together store exactly what one unsharded run stores, but for the
-    split of free time between `blocked` and `no_demand` where pods waited: each shard
-    weighs the waiting demand against its own free cards. Chunks have no such limit: each
-    keeps its free time folded (`free_shares`), and it is split after the last chunk.
+    audited; the n shards together store exactly what one unsharded run stores. Free time
+    is split once every chunk's is known (each keeps it folded, `free_shares`), and where
+    pods waited each shard keeps its shares in the store: the shard that completes the
+    window's set splits them all at once (`auditor.store.free_split`).
     """
     started = time.perf_counter()
     if cluster is None:
@@ -239,6 +239,7 @@ def _audit(
     from auditor.classify.rollup import rolled_up_seconds, with_rolled
     from auditor.store import reads
     from auditor.store.demand import read_demand
+    from auditor.store.free_split import keep_free_shares, settle_free_split
     from auditor.store.placement import held_tenures
     from auditor.store.rollup import read_rolled_card_samples
     from auditor.store.signals import (
@@ -417,8 +418,8 @@ def _audit(
             n_gpus += int(samples.loc[mine, "gpu"].nunique())
             rolled += rolled_up_seconds(samples, window=audited, gpus=own)
             del got, signals, samples, activity, result, res, fnd, mine, cut
-    if free_kept:
-        shares = pd.concat(free_kept, ignore_index=True)
+    shares = pd.concat(free_kept, ignore_index=True) if free_kept else None
+    if shares is not None:
         free_time = split_free(shares, demand=waited)
         cause_rows += _cause_rows(
             free_cause_frame(free_time, demand_known=not tenures.empty), gpu_ids
@@ -439,6 +440,17 @@ def _audit(
         )
         write_sm_rows(conn, run_id=run_id, rows=sm_rows)
         write_cause_rows(conn, run_id=run_id, rows=cause_rows)
+        if shard is not None:  # the shard completing the window splits every one's at once
+            if shares is not None:
+                keep_free_shares(conn, run_id=run_id, shares=shares, gpu_ids=gpu_ids)
+            settle_free_split(
+                conn,
+                cluster=cluster,
+                window=audited,
+                shards=shard[1],
+                demand=waited,
+                demand_known=not tenures.empty,
+            )
     return AuditStats(
         run_id=run_id,
         window=audited,

@@ -50,6 +50,7 @@ from auditor.errors import InputError
 from auditor.store.schema import (
     audit_causes,
     audit_findings,
+    audit_free_shares,
     audit_results,
     audit_runs,
     audit_sm,
@@ -244,7 +245,7 @@ def _stale_runs(conn: Connection, entry: Entry) -> list[StaleRun]:
 def _delete_runs(conn: Connection, run_ids: Sequence[int]) -> None:
     if not run_ids:
         return
-    for table in (audit_results, audit_findings, audit_sm, audit_causes):
+    for table in (audit_results, audit_findings, audit_sm, audit_causes, audit_free_shares):
         conn.execute(delete(table).where(table.c.run_id.in_(run_ids)))
     conn.execute(delete(audit_runs).where(audit_runs.c.id.in_(run_ids)))
 
@@ -281,6 +282,7 @@ def _referred(conn: Connection, gpu_id: int, uuid: str, *, own: Sequence[str]) -
             audit_findings,
             audit_sm,
             audit_causes,
+            audit_free_shares,
         )
     ]
     checks.append(

@@ -369,6 +369,28 @@ they sum to the category's `audit_results` seconds (per hour as those); `signall
 is the part judged on a recorded signal (the rest is `no_signal_share`'s)."""
 
 
+audit_free_shares = Table(
+    "audit_free_shares",
+    metadata,
+    Column("run_id", Integer, ForeignKey("audit_runs.id", ondelete="CASCADE"), nullable=False),
+    Column("gpu_id", Integer, ForeignKey("gpus.id", ondelete="CASCADE"), nullable=False),
+    Column("hour_ms", BigInteger, nullable=False),
+    Column("kind", String(limits.GPU_MODEL_MAX), nullable=False),
+    Column("start_ms", BigInteger, nullable=False),
+    Column("end_ms", BigInteger, nullable=False),
+    Column("seconds", Float, nullable=False),
+    Column("gone", Float, nullable=False),
+    Column("avail_w", Float, nullable=False),
+    Index("ix_audit_free_shares_run", "run_id"),
+)
+"""A shard's free time where pods waited (SPEC §10 `blocked`): the free shares
+(`auditor.classify.causes.free_shares`) of its cards in every (card, hour) that a wait
+overlaps, a folded row per card and hour having no span (start_ms = end_ms). Waiting demand
+is shared among the free cards of the whole fleet, which no one shard holds: the shard that
+completes a window's set splits every shard's kept shares at once
+(`auditor.store.free_split`)."""
+
+
 imports = Table(
     "imports",
     metadata,

@@ -86,29 +86,68 @@ def test_chunked_audit_splits_free_time_as_one_chunk(tmp_path: Path) -> None:
     one = jobs.audit(url, window=window, thresholds=Thresholds(), chunk_samples=10**12)
     one_causes = causes(url, one.run_id)  # read before the next run of the window replaces it
     assert one_causes.loc[("unallocated", "blocked")] > 0
-    one_rows = cause_rows(url, one.run_id)
+    one_rows = cause_rows(url, [one.run_id])
     # a node per chunk: pods waited while cards sat free on other nodes, so a chunk that
     # matched the waiting demand against its own free cards alone over-counted `blocked`
     per_node = jobs.audit(url, window=window, thresholds=Thresholds(), chunk_samples=1)
     pd.testing.assert_series_equal(
         causes(url, per_node.run_id), one_causes, check_exact=False, rtol=1e-9
     )
-    # and card by card, hour by hour: each card's free time is split as in one pass
+    # and card by card: each card's free time is split as in one pass
     pd.testing.assert_frame_equal(
-        cause_rows(url, per_node.run_id), one_rows, check_exact=False, rtol=1e-9
+        cause_rows(url, [per_node.run_id]), one_rows, check_exact=False, rtol=1e-9
     )
 
 
-def cause_rows(url: str, run_id: int) -> pd.DataFrame:
-    """A run's cause rows in key order, without the run's id."""
+def test_shards_split_free_time_as_one_run_once_the_last_is_stored(
+    db_url: str, tmp_path: Path
+) -> None:
+    """Pods waited while cards sat free on other shards' nodes: each shard alone would
+    share the waiting demand among its own free cards. The shard that completes the
+    window's set splits every shard's free time at once, in whichever order they ran."""
+    migrate.upgrade(db_url)
+    sim = simulate(tmp_path / "c", scenario=SCENARIOS["demo"])
+    for node, path in sorted(sim.node_csvs.items()):
+        jobs.import_nvidia_smi(db_url, path, node=node)
+    for pods in (sim.pods_json, sim.watch_json, sim.nodes_json):  # with the pods that waited
+        if pods is not None:
+            jobs.import_pods(db_url, pods, config=Config())
+    window = (sim.window_start_ms, sim.window_end_ms)
+    whole = jobs.audit(db_url, window=window, thresholds=Thresholds())
+    expected = cause_rows(db_url, [whole.run_id])
+    assert expected.query("cause == 'blocked'")["seconds"].sum() > 0
+    shards = 3
+
+    def audit(i: int) -> int:
+        return jobs.audit(db_url, window=window, thresholds=Thresholds(), shard=(i, shards)).run_id
+
+    ids = {i: audit(i) for i in (2, 0)}
+    alone = cause_rows(db_url, list(ids.values()))  # two of three: each split its own
+    ids[1] = audit(1)
+    got = cause_rows(db_url, list(ids.values()))
+    pd.testing.assert_frame_equal(got, expected, check_exact=False, rtol=1e-9)
+    # the first two alone had counted more of their cards' free time blocked
+    assert blocked(alone) > 1.01 * blocked(got[got["gpu"].isin(alone["gpu"])])
+    ids[0] = audit(0)  # one shard again: the set is complete, and split again
+    again = cause_rows(db_url, list(ids.values()))
+    pd.testing.assert_frame_equal(again, expected, check_exact=False, rtol=1e-9)
+
+
+def cause_rows(url: str, run_ids: list[int]) -> pd.DataFrame:
+    """Runs' cause rows per card, pod, category and cause, in key order."""
     from auditor.store.signals import read_causes
 
     engine = jobs.open_store(url)
     with engine.connect() as conn:
-        rows = read_causes(conn, [run_id])
+        rows = read_causes(conn, run_ids)
     engine.dispose()
-    keys = [c for c in rows.columns if c not in ("run_id", "seconds", "signalled_seconds")]
-    return rows.drop(columns=["run_id"], errors="ignore").sort_values(keys).reset_index(drop=True)
+    keys = ["gpu", "pod_uid", "category", "cause"]
+    summed = rows.groupby(keys, dropna=False)[["seconds", "signalled_seconds"]].sum()
+    return summed.reset_index().sort_values(keys).reset_index(drop=True)
+
+
+def blocked(rows: pd.DataFrame) -> float:
+    return float(rows.loc[rows["cause"] == "blocked", "seconds"].sum())
 
 
 def causes(url: str, run_id: int) -> pd.Series:
