@@ -400,6 +400,8 @@ def _merged(rows: dict[str, np.ndarray], mask: np.ndarray) -> dict[str, np.ndarr
     ending where the next starts, merged into one: its seconds are theirs, and so is any
     demand's share of them (`split_free` is additive over a share's time)."""
     picked = np.flatnonzero(mask)
+    if not picked.size:
+        return {k: v[:0] for k, v in rows.items()}
     order = picked[np.lexsort((rows["start_ms"][picked], rows[HOUR][picked],
                                rows["code"][picked]))]  # fmt: skip
     code, hour, a, b, w = (rows[k][order] for k in ("code", HOUR, "start_ms", "end_ms", "avail_w"))
@@ -409,8 +411,6 @@ def _merged(rows: dict[str, np.ndarray], mask: np.ndarray) -> dict[str, np.ndarr
     )
     starts = np.flatnonzero(first)
     ends = np.append(starts[1:], order.size) - 1
-    if not order.size:
-        return {k: v[:0] for k, v in rows.items()}
     return {"code": code[starts], "start_ms": a[starts], "end_ms": b[ends],
             "seconds": np.add.reduceat(rows["seconds"][order], starts),
             "gone": np.add.reduceat(rows["gone"][order], starts), "avail_w": w[starts],
@@ -604,7 +604,7 @@ def split_causes(
     )
     card_node, card_kind = card_maps(cards)
     free_time = split_unallocated(
-        pieces[pieces["category"] == WasteCategory.UNALLOCATED.value] if free else pieces[:0],
+        pieces if free else pieces[:0],
         card_node=card_node,
         card_kind=card_kind,
         unavailable=unavailable,
