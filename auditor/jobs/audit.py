@@ -39,6 +39,10 @@ class SampleSource:
 AUDIT_CHUNK_SAMPLES = 2_000_000
 """Samples classified together, at most (unless one node and its gangs need more): memory
 follows this, not the fleet or the window. About 600 MiB of peak memory."""
+MIN_CHUNKS = 3
+"""Chunks an audit takes at least, where its nodes allow: the next chunk is read while this
+one is classified, so a fleet within one chunk's budget would otherwise wait for all of its
+samples before classifying any (a 64-GPU day: 2.9 s in one chunk, 2.1 s in three)."""
 READ_MARGIN_MS = 15 * 60_000
 """Samples read either side of a card's range: enough for any sane period's neighbours."""
 NEIGHBOUR_SAMPLES = 16
@@ -121,6 +125,7 @@ def audit(
     thresholds: Thresholds,
     shard: tuple[int, int] | None = None,
     chunk_samples: int = AUDIT_CHUNK_SAMPLES,
+    min_chunks: int = MIN_CHUNKS,
     now_ms: int | None = None,
     cluster: str | None = None,
 ) -> AuditStats:
@@ -135,7 +140,9 @@ def audit(
     Whole nodes are classified together, each chunk with the cards of its gangs on other
     nodes read as context, as many nodes per chunk as keep its samples within
     `chunk_samples`: a longer window means fewer nodes per chunk, so memory follows the
-    chunk, not the fleet or the window. With `shard=(i, n)` only the nodes of shard i are
+    chunk, not the fleet or the window. A fleet within fewer than `min_chunks` chunks is
+    cut into that many where its nodes allow, so that reading the next chunk overlaps
+    classifying this one. With `shard=(i, n)` only the nodes of shard i are
     audited; the n shards together store exactly what one unsharded run stores. Free time
     is split once every chunk's is known (each keeps it folded, `free_shares`), and where
     pods waited each shard keeps its shares in the store: the shard that completes the
@@ -159,6 +166,7 @@ def audit(
             thresholds=thresholds,
             shard=shard,
             chunk_samples=chunk_samples,
+            min_chunks=min_chunks,
             now_ms=now_ms,
             started=started,
         )
@@ -220,6 +228,7 @@ def _audit(
     now_ms: int | None,
     started: float,
     source: SampleSource | None = None,
+    min_chunks: int = MIN_CHUNKS,
 ) -> AuditStats:
     """The audit of `cluster` over `audited` on `engine`; samples from the store, else from
     `source`."""
@@ -285,14 +294,9 @@ def _audit(
         uuids = {int(i): str(u) for u, i in gpu_ids.items()}
         first_card = tenures.groupby("gang")["gpu"].min()
         period_ms = max(1, round(thresholds.default_period_s * 1000))
-        parts = list(
-            audit_parts(
-                gpus,
-                tenures,
-                shard=shard,
-                budget=chunk_samples,
-                cost={u: (hi - lo) // period_ms for u, (lo, hi) in ranges.items()},
-            )
+        cost = {u: (hi - lo) // period_ms for u, (lo, hi) in ranges.items()}
+        parts = chunks(
+            gpus, tenures, shard=shard, budget=chunk_samples, cost=cost, least=min_chunks
         )
 
     with engine.connect() as conn:
@@ -505,6 +509,26 @@ def held_spans(
     ):
         out.setdefault(int(gpu_ids[uuid]), []).append((int(lo) - stale_ms, int(hi) + 1))
     return out
+
+
+def chunks(
+    gpus: pd.DataFrame,
+    tenures: pd.DataFrame,
+    *,
+    shard: tuple[int, int] | None,
+    budget: int,
+    cost: dict[str, int],
+    least: int,
+) -> list[tuple[set[str], set[str]]]:
+    """`audit_parts` within `budget`, and at least `least` of them where the nodes allow:
+    a fleet that fits in fewer is cut into that many smaller ones, so that reading the next
+    chunk overlaps classifying this one."""
+    parts = list(audit_parts(gpus, tenures, shard=shard, budget=budget, cost=cost))
+    if len(parts) >= least:
+        return parts
+    total = sum(cost.get(u, 0) for own, _ in parts for u in own)
+    smaller = max(1, min(budget, -(-total // least)))
+    return list(audit_parts(gpus, tenures, shard=shard, budget=smaller, cost=cost))
 
 
 def audit_parts(

@@ -71,7 +71,8 @@ def replay_stored(
     through this).
 
     As the audit does, whole nodes are classified together with the cards of their gangs on
-    other nodes, as many nodes per chunk as keep its samples within `chunk_samples`; each
+    other nodes, as many nodes per chunk as keep its samples within `chunk_samples` (and at
+    least `MIN_CHUNKS` where the nodes allow); each
     chunk's own pods are replayed there, and the pods of all chunks summed per team. The
     next chunk is read, on a connection of its own, while one is classified."""
     import pandas as pd
@@ -86,7 +87,7 @@ def replay_stored(
         span,
         summarise,
     )
-    from auditor.jobs.audit import audit_parts
+    from auditor.jobs.audit import MIN_CHUNKS, chunks
     from auditor.store import reads
     from auditor.store.placement import held_tenures
     from auditor.store.rollup import read_rolled_card_samples, rollup_span
@@ -104,14 +105,13 @@ def replay_stored(
     period_ms = max(1, round(thresholds.default_period_s * 1000))
     info = pods[["uid", "namespace", "name", "team", "job_kind"]]
     per_pod = []
-    parts = list(
-        audit_parts(
-            gpus[gpus["uuid"].isin(ranges)],
-            over,
-            shard=None,
-            budget=chunk_samples,
-            cost={u: (b - a) // period_ms for u, (a, b) in ranges.items()},
-        )
+    parts = chunks(
+        gpus[gpus["uuid"].isin(ranges)],
+        over,
+        shard=None,
+        budget=chunk_samples,
+        cost={u: (b - a) // period_ms for u, (a, b) in ranges.items()},
+        least=MIN_CHUNKS,
     )
 
     def load(context: set[str]) -> pd.DataFrame:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pandas as pd
@@ -63,7 +64,9 @@ def test_chunked_audit_equals_one_chunk(tmp_path: Path) -> None:
         jobs.import_nvidia_smi(url, path, node=node)
     jobs.import_pods(url, sim.pods_json, config=Config())
     window = (sim.window_start_ms, sim.window_end_ms)
-    one = jobs.audit(url, window=window, thresholds=Thresholds(), chunk_samples=10**12)
+    one = jobs.audit(
+        url, window=window, thresholds=Thresholds(), chunk_samples=10**12, min_chunks=1
+    )
     expected = stored(url, [one.run_id])
     # a node per chunk (the budget is below one node): the distributed jobs' gangs are
     # split across chunks
@@ -76,14 +79,10 @@ def test_chunked_audit_equals_one_chunk(tmp_path: Path) -> None:
 
 def test_chunked_audit_splits_free_time_as_one_chunk(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'a.db'}"
-    sim = simulate(tmp_path / "c", scenario=SCENARIOS["demo"])
-    for node, path in sorted(sim.node_csvs.items()):
-        jobs.import_nvidia_smi(url, path, node=node)
-    for pods in (sim.pods_json, sim.watch_json, sim.nodes_json):  # with the pods that waited
-        if pods is not None:
-            jobs.import_pods(url, pods, config=Config())
-    window = (sim.window_start_ms, sim.window_end_ms)
-    one = jobs.audit(url, window=window, thresholds=Thresholds(), chunk_samples=10**12)
+    window = load_waiting(url, tmp_path)
+    one = jobs.audit(
+        url, window=window, thresholds=Thresholds(), chunk_samples=10**12, min_chunks=1
+    )
     one_causes = causes(url, one.run_id)  # read before the next run of the window replaces it
     assert one_causes.loc[("unallocated", "blocked")] > 0
     one_rows = cause_rows(url, [one.run_id])
@@ -105,14 +104,7 @@ def test_shards_split_free_time_as_one_run_once_the_last_is_stored(
     """Pods waited while cards sat free on other shards' nodes: each shard alone would
     share the waiting demand among its own free cards. The shard that completes the
     window's set splits every shard's free time at once, in whichever order they ran."""
-    migrate.upgrade(db_url)
-    sim = simulate(tmp_path / "c", scenario=SCENARIOS["demo"])
-    for node, path in sorted(sim.node_csvs.items()):
-        jobs.import_nvidia_smi(db_url, path, node=node)
-    for pods in (sim.pods_json, sim.watch_json, sim.nodes_json):  # with the pods that waited
-        if pods is not None:
-            jobs.import_pods(db_url, pods, config=Config())
-    window = (sim.window_start_ms, sim.window_end_ms)
+    window = load_waiting(db_url, tmp_path)
     whole = jobs.audit(db_url, window=window, thresholds=Thresholds())
     expected = cause_rows(db_url, [whole.run_id])
     assert expected.query("cause == 'blocked'")["seconds"].sum() > 0
@@ -131,6 +123,35 @@ def test_shards_split_free_time_as_one_run_once_the_last_is_stored(
     ids[0] = audit(0)  # one shard again: the set is complete, and split again
     again = cause_rows(db_url, list(ids.values()))
     pd.testing.assert_frame_equal(again, expected, check_exact=False, rtol=1e-9)
+
+
+def test_shards_run_at_once_split_free_time_as_one_run(db_url: str, tmp_path: Path) -> None:
+    """As an Indexed Job runs them: every shard at once. They take turns on the window's
+    write lock, so whichever stores its run last sees every other's and splits them all."""
+    window = load_waiting(db_url, tmp_path)
+    expected = cause_rows(
+        db_url, [jobs.audit(db_url, window=window, thresholds=Thresholds()).run_id]
+    )
+
+    def audit(i: int) -> int:
+        return jobs.audit(db_url, window=window, thresholds=Thresholds(), shard=(i, 3)).run_id
+
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        ids = list(pool.map(audit, range(3)))
+    pd.testing.assert_frame_equal(cause_rows(db_url, ids), expected, check_exact=False, rtol=1e-9)
+
+
+def load_waiting(url: str, tmp: Path) -> tuple[int, int]:
+    """The demo scenario stored, with the pods that waited for GPUs and the cordoned node:
+    its window."""
+    migrate.upgrade(url)
+    sim = simulate(tmp / "c", scenario=SCENARIOS["demo"])
+    for node, path in sorted(sim.node_csvs.items()):
+        jobs.import_nvidia_smi(url, path, node=node)
+    for pods in (sim.pods_json, sim.watch_json, sim.nodes_json):
+        if pods is not None:
+            jobs.import_pods(url, pods, config=Config())
+    return sim.window_start_ms, sim.window_end_ms
 
 
 def cause_rows(url: str, run_ids: list[int]) -> pd.DataFrame:
