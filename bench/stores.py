@@ -41,7 +41,10 @@ def kept_stores(tmp: Path, databases: list[str], *, keep: bool) -> Iterator[tupl
         return url
 
     def kept_sqlite(label: str) -> str | None:
-        return sqlite_url(label) if (tmp / f"{label}.db").exists() else None
+        if not (tmp / f"{label}.db").exists():
+            return None
+        migrate.upgrade(sqlite_url(label))  # a store kept by an earlier release
+        return sqlite_url(label)
 
     make: Make = {"sqlite": fresh_sqlite}
     kept: Kept = {"sqlite": kept_sqlite}
@@ -74,7 +77,10 @@ def kept_stores(tmp: Path, databases: list[str], *, keep: bool) -> Iterator[tupl
                         found = conn.execute(
                             "SELECT 1 FROM pg_database WHERE datname = %s", (label,)
                         ).fetchone()
-                    return server.url(label) if found else None
+                    if not found:
+                        return None
+                    migrate.upgrade(server.url(label))  # a store kept by an earlier release
+                    return server.url(label)
 
                 make["postgresql"] = fresh_pg
                 kept["postgresql"] = kept_pg
