@@ -37,7 +37,14 @@ from auditor.settings import Thresholds
 from auditor.store import migrate
 from auditor.store.connection import make_engine
 from auditor.store.pod_writes import upsert_pods
-from auditor.store.schema import audit_results, audit_runs, gpu_assignments, gpu_samples, gpus
+from auditor.store.schema import (
+    audit_causes,
+    audit_results,
+    audit_runs,
+    gpu_assignments,
+    gpu_samples,
+    gpus,
+)
 
 STEP = 30
 HOUR = 3600
@@ -126,11 +133,31 @@ def _pods() -> list[PodRecord]:
     ]
 
 
-def _store(db_url: str) -> str:
+def _store(db_url: str, *, waiting: bool = False) -> str:
+    """A store with the pods; `waiting`: and one that waited 3 h for a card, never bound."""
     migrate.upgrade(make_engine(db_url))
+    waited = replace(
+        bare_pod("queued-0", "uid-queued", bound_ms=0),
+        bound_ms=None,
+        node=None,
+        created_ms=(START + HOUR) * 1000,
+        deleted_ms=(START + 4 * HOUR) * 1000,
+        wait_reason="Unschedulable",
+    )
     with open_store(db_url).begin() as conn:
-        upsert_pods(conn, _pods())
+        upsert_pods(conn, [*_pods(), *([waited] if waiting else [])])
     return db_url
+
+
+def _free_causes(url: str) -> dict[str, float]:
+    """Seconds per cause of `unallocated`, over every run."""
+    with open_store(url).connect() as conn:
+        rows = conn.execute(
+            select(audit_causes.c.cause, func.sum(audit_causes.c.seconds))
+            .where(audit_causes.c.category == "unallocated")
+            .group_by(audit_causes.c.cause)
+        ).all()
+    return {str(c): float(x) for c, x in rows}
 
 
 def _results(url: str) -> list[tuple[object, ...]]:
@@ -210,12 +237,14 @@ def test_the_audit_from_the_store_equals_import_then_audit(
 def test_sharded_audits_from_the_store_add_up_to_the_unsharded_one(
     prometheus: PromServer, tmp_path: Path
 ) -> None:
+    """With a pod that waited for a card while cards sat free on every node: the shard
+    that completes the set splits all their free time as the unsharded run does."""
     whole = (START * 1000, END * 1000)
-    one = _store(f"sqlite:///{tmp_path / 'one.db'}")
+    one = _store(f"sqlite:///{tmp_path / 'one.db'}", waiting=True)
     audit_from_store(
         one, samples_from=prometheus.url, window=whole, thresholds=THRESHOLDS, step_s=STEP
     )
-    sharded = _store(f"sqlite:///{tmp_path / 'sharded.db'}")
+    sharded = _store(f"sqlite:///{tmp_path / 'sharded.db'}", waiting=True)
     for i in range(3):
         audit_from_store(
             sharded,
@@ -227,6 +256,9 @@ def test_sharded_audits_from_the_store_add_up_to_the_unsharded_one(
         )
     assert _count(sharded, audit_runs) == 3
     assert _results(sharded) == _results(one)
+    causes = _free_causes(one)
+    assert causes["blocked"] > 0
+    assert _free_causes(sharded) == pytest.approx(causes, rel=1e-9)
 
 
 @pytest.mark.slow
