@@ -103,7 +103,7 @@ def clip(spans: pd.DataFrame, *, start_ms: int, end_ms: int) -> pd.DataFrame:
 
 
 def demand_of(spans: pd.DataFrame) -> pd.DataFrame:
-    """The frame `auditor.classify.causes.split_unallocated(demand=...)` takes: kind (None:
+    """The frame `auditor.classify.free_time.split_unallocated(demand=...)` takes: kind (None:
     any card), start_ms, end_ms (int64), cards (float64)."""
     frame = spans[DEMAND_COLUMNS].reset_index(drop=True)
     frame["kind"] = frame["kind"].astype(object).where(frame["kind"].notna(), None)

@@ -234,15 +234,9 @@ def _audit(
     `source`."""
     import pandas as pd
 
-    from auditor.classify.causes import (
-        card_maps,
-        free_cause_frame,
-        free_shares,
-        keyed_demand,
-        split_causes,
-        split_free,
-    )
+    from auditor.classify.causes import free_cause_frame, split_causes
     from auditor.classify.efficiency import efficiency
+    from auditor.classify.free_time import card_maps, free_shares, keyed_demand, split_free
     from auditor.classify.hours import HOUR_MS, cut_at_hours
     from auditor.classify.pipeline import classify
     from auditor.classify.rollup import rolled_up_seconds, with_rolled

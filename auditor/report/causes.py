@@ -12,7 +12,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from auditor.classify.causes import FreeCause, IdleCause
+from auditor.classify.causes import IdleCause
+from auditor.classify.free_time import FreeCause
 from auditor.model import WasteCategory
 
 IDLE = WasteCategory.COMPUTE_IDLE.value

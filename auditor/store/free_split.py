@@ -2,7 +2,7 @@
 stored (SPEC §10 `blocked`, §11 shards).
 
 Waiting demand is shared among the free cards of the whole fleet, and no shard holds them
-all. So each shard stores, beside its causes, the free shares (`auditor.classify.causes
+all. So each shard stores, beside its causes, the free shares (`auditor.classify.free_time
 .free_shares`) of its cards in every (card, hour) that a wait overlaps (`keep_free_shares`);
 its own split of them stands until the set is complete. The shard that completes it splits
 every shard's kept shares at once and replaces their `unallocated` causes in those hours
@@ -20,7 +20,8 @@ import numpy as np
 import pandas as pd
 from sqlalchemy import Connection, delete, exists, insert, select
 
-from auditor.classify.causes import FREE_SHARE_COLUMNS, HOUR, free_cause_frame, split_free
+from auditor.classify.causes import free_cause_frame
+from auditor.classify.free_time import FREE_SHARE_COLUMNS, HOUR, split_free
 from auditor.model import WasteCategory, Window
 from auditor.store.schema import audit_causes, audit_free_shares, audit_runs
 

@@ -384,7 +384,7 @@ audit_free_shares = Table(
     Index("ix_audit_free_shares_run", "run_id"),
 )
 """A shard's free time where pods waited (SPEC §10 `blocked`): the free shares
-(`auditor.classify.causes.free_shares`) of its cards in every (card, hour) that a wait
+(`auditor.classify.free_time.free_shares`) of its cards in every (card, hour) that a wait
 overlaps, a folded row per card and hour having no span (start_ms = end_ms). Waiting demand
 is shared among the free cards of the whole fleet, which no one shard holds: the shard that
 completes a window's set splits every shard's kept shares at once

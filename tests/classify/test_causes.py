@@ -14,14 +14,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from auditor.classify import classify
-from auditor.classify.causes import (
-    FreeCause,
-    IdleCause,
-    free_shares,
-    split_compute_idle,
-    split_free,
-    split_unallocated,
-)
+from auditor.classify.causes import IdleCause, split_compute_idle
+from auditor.classify.free_time import FreeCause, free_shares, split_free, split_unallocated
 from auditor.model import Window
 from auditor.settings import CauseThresholds, Thresholds
 

@@ -14,7 +14,7 @@ import pandas as pd
 from sqlalchemy import Engine, select
 
 from auditor.agents.watch.kube import Event
-from auditor.classify.causes import split_unallocated
+from auditor.classify.free_time import split_unallocated
 from auditor.collect.pod_times import parse_time
 from auditor.jobs.imports import import_pods
 from auditor.jobs.watch_sinks import NodeSink, PodSink
