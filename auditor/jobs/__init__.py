@@ -4,17 +4,7 @@ Each function opens the store, calls the pure parts, and writes or returns the o
 CLI is one caller; tests and the in-cluster jobs are others. One module per kind of job.
 """
 
-from auditor.jobs.audit import (
-    AUDIT_CHUNK_SAMPLES,
-    READ_MARGIN_MS,
-    AuditStats,
-    audit,
-    audit_clusters,
-    audit_parts,
-    card_ranges,
-    data_window,
-    shard_of,
-)
+from auditor.jobs.audit import AuditStats, audit, audit_clusters, data_window
 from auditor.jobs.common import BATCH_ROWS, ImportStats, open_store, raise_store_error
 from auditor.jobs.database import Revisions, db_current, db_upgrade
 from auditor.jobs.demo import SimulateStats, demo, simulate, truth_check
@@ -33,6 +23,13 @@ from auditor.jobs.outputs_and_compare import (
     import_outputs_prometheus,
     parse_side,
     store_latency_rows,
+)
+from auditor.jobs.parts import (
+    AUDIT_CHUNK_SAMPLES,
+    READ_MARGIN_MS,
+    audit_parts,
+    card_ranges,
+    shard_of,
 )
 from auditor.jobs.reports import (
     build_report,

@@ -26,16 +26,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from auditor.errors import InputError
-from auditor.jobs.audit import (
-    AUDIT_CHUNK_SAMPLES,
-    NEIGHBOUR_SAMPLES,
-    READ_MARGIN_MS,
-    AuditStats,
-    SampleSource,
-    _audit,
-)
+from auditor.jobs.audit import NEIGHBOUR_SAMPLES, AuditStats, SampleSource, _audit
 from auditor.jobs.common import open_store
 from auditor.jobs.imports import cluster_matchers, store_query_options
+from auditor.jobs.parts import AUDIT_CHUNK_SAMPLES, READ_MARGIN_MS
 from auditor.model import DEFAULT_CLUSTER, Window
 from auditor.settings import Thresholds
 

@@ -13,8 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from auditor.errors import InputError
-from auditor.jobs.audit import AUDIT_CHUNK_SAMPLES, READ_MARGIN_MS
 from auditor.jobs.common import open_store
+from auditor.jobs.parts import AUDIT_CHUNK_SAMPLES, READ_MARGIN_MS
 from auditor.model import DEFAULT_CLUSTER, Window
 from auditor.settings import Thresholds
 
@@ -87,7 +87,7 @@ def replay_stored(
         span,
         summarise,
     )
-    from auditor.jobs.audit import MIN_CHUNKS, chunks
+    from auditor.jobs.parts import MIN_CHUNKS, chunks
     from auditor.store import reads
     from auditor.store.placement import held_tenures
     from auditor.store.rollup import read_rolled_card_samples, rollup_span
