@@ -23,6 +23,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from auditor.model import DEFAULT_CLUSTER
+
 WAIT_COLUMNS = [
     "pod_uid",
     "namespace",
@@ -50,10 +52,11 @@ def cards_asked(gpu_count: pd.Series, gpu_share: pd.Series) -> pd.Series:
 
 def wait_spans(pods: pd.DataFrame) -> pd.DataFrame:
     """One row per pod seen waiting: `WAIT_COLUMNS` plus `kind` (the GPU model it asked for,
-    None: any). `pods` holds the store's pod columns and wait_reason, wait_message,
-    wanted_model, wait_seen_ms. Pods whose wait has no known start or end, lasted no time,
-    or asked for no card are left out."""
-    out = {c: pd.Series(dtype=object) for c in [*WAIT_COLUMNS, "kind"]}
+    None: any) and `cluster` (its pod's; `DEFAULT_CLUSTER` where the pods name none). `pods`
+    holds the store's pod columns and wait_reason, wait_message, wanted_model, wait_seen_ms.
+    Pods whose wait has no known start or end, lasted no time, or asked for no card are
+    left out."""
+    out = {c: pd.Series(dtype=object) for c in [*WAIT_COLUMNS, "kind", "cluster"]}
     empty = pd.DataFrame(out).astype({"cards": np.float64, "start_ms": np.int64,
                                       "end_ms": np.int64})  # fmt: skip
     if pods.empty:
@@ -86,6 +89,9 @@ def wait_spans(pods: pd.DataFrame) -> pd.DataFrame:
             "reason": waited["wait_reason"].astype(object),
             "message": waited["wait_message"].astype(object),
             "kind": waited["wanted_model"].astype(object),
+            "cluster": (
+                waited["cluster"].astype(object) if "cluster" in waited else DEFAULT_CLUSTER
+            ),
         }
     )[keep]
     frame = frame.astype({"start_ms": np.int64, "end_ms": np.int64})

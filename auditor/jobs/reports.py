@@ -133,7 +133,13 @@ def _read_report(
 
     from auditor.classify.queue import gang_half_starts
     from auditor.report.causes import cause_totals, complete_causes
-    from auditor.report.compare import outputs_by, outputs_in_window, sm_by, with_outputs
+    from auditor.report.compare import (
+        outputs_by,
+        outputs_by_name,
+        outputs_in_window,
+        sm_by,
+        with_outputs,
+    )
     from auditor.report.offenders import STRAGGLER_COLUMNS, stragglers, top_offenders
     from auditor.report.render import Report
     from auditor.report.summary import (
@@ -178,19 +184,26 @@ def _read_report(
     # rows, the totals and the offenders (the team's rows: what summarise keeps of results)
     split = complete_causes(with_platform(scope), read_causes(conn, run_ids))
     rows = summarise(results, by=by, team=team, split=split)
-    queue = job_waits(pd.DataFrame(), pd.DataFrame(), pd.DataFrame())
+    # a job of one name in two clusters is two jobs (SPEC §11): its waits and stragglers too
+    clustered = "cluster" in group_keys(GroupBy.JOB, results)
+    queue = job_waits(pd.DataFrame(), pd.DataFrame(), pd.DataFrame(), by_cluster=clustered)
     if waits:  # queue waste and half-starts, from the pods (SPEC §10)
         every_pod = reads.read_pods(conn, cluster=cluster)
+        bound = _bound_in(every_pod, window)
+        # a gang is named inside its cluster (a PodGroup's name): each cluster's apart
+        halves = [gang_half_starts(p).assign(cluster=c) for c, p in bound.groupby("cluster")]
         queue = job_waits(
             read_queue_waits(conn, window=window, cluster=cluster),
-            gang_half_starts(_bound_in(every_pod, window)),
+            pd.concat(halves, ignore_index=True) if halves else gang_half_starts(bound),
             every_pod,
+            by_cluster=clustered,
         )
     if team is not None:
         queue = queue[queue["team"] == team]
     if by is GroupBy.JOB:
-        slow = stragglers(findings)[["namespace", "job", *STRAGGLER_COLUMNS]]
-        rows = rows.merge(slow, on=["namespace", "job"], how="left")
+        on = ["cluster", "namespace", "job"] if clustered else ["namespace", "job"]
+        slow = stragglers(findings, by_cluster=clustered)[[*on, *STRAGGLER_COLUMNS]]
+        rows = rows.merge(slow, on=on, how="left")
         no_wait = rows["straggler_wait_gpu_hours"] <= 0
         rows.loc[no_wait, STRAGGLER_COLUMNS] = None
         rows = with_waits(rows, queue)
@@ -206,7 +219,13 @@ def _read_report(
     rows = sm_by(sm if team is None else sm[sm["team"] == team], rows, keys)
     if produced is not None:
         mine = produced if team is None else produced[produced["team"] == team]
-        rows = with_outputs(rows, outputs_by(outputs_in_window(mine, window=window), keys), keys)
+        counted = outputs_in_window(mine, window=window)
+        per_group = (
+            outputs_by_name(rows, counted, keys)
+            if "cluster" in keys and "cluster" not in counted.columns
+            else outputs_by(counted, keys)
+        )
+        rows = with_outputs(rows, per_group, keys)
     cards = scope[["gpu", "util_source"]].drop_duplicates("gpu")["util_source"].dropna()
     report = Report(
         window=window,

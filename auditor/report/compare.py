@@ -81,6 +81,18 @@ def outputs_by(rows: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
     return pd.DataFrame(out, columns=cols)
 
 
+def outputs_by_name(rows: pd.DataFrame, outputs: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
+    """`outputs_by` for report rows keyed with a cluster, of outputs that name none (an
+    output row names its job, not the job's cluster): a name that only one cluster's rows
+    have takes its outputs there; a name of several clusters takes none, since whose they
+    were is not known."""
+    plain = [k for k in keys if k != "cluster"]
+    per = outputs_by(outputs, plain)
+    names = rows[list(keys)].drop_duplicates()
+    single = names[~names.duplicated(plain, keep=False)]
+    return per.merge(single, on=plain, how="inner")[[*keys, "outputs", "output_unit"]]
+
+
 def per_1k(hours: Any, outputs: Any) -> Any:
     """GPU-hours per 1,000 outputs; NaN where there were no outputs."""
     o = pd.to_numeric(outputs, errors="coerce")

@@ -26,17 +26,18 @@ OFFENDER_CATEGORIES = (
 STRAGGLER_COLUMNS = ["straggler_pod", "straggler_rank", "straggler_node", "straggler_gpu"]
 
 
-def stragglers(findings: pd.DataFrame) -> pd.DataFrame:
-    """Per (namespace, job): the card the others waited on most, with its throttle reasons."""
-    cols = ["namespace", "job", *STRAGGLER_COLUMNS, "straggler_throttle", "straggler_seconds"]
+def stragglers(findings: pd.DataFrame, *, by_cluster: bool = False) -> pd.DataFrame:
+    """Per (namespace, job): the card the others waited on most, with its throttle reasons;
+    per (cluster, namespace, job) with `by_cluster` (the findings' `cluster`)."""
+    keys = ["cluster", "namespace", "job"] if by_cluster else ["namespace", "job"]
+    cols = [*keys, *STRAGGLER_COLUMNS, "straggler_throttle", "straggler_seconds"]
     s = findings[findings["kind"] == "straggler"]
     if s.empty:
         return pd.DataFrame(columns=cols)
-    s = s.sort_values(["seconds", "gpu"], ascending=[False, True]).drop_duplicates(
-        ["namespace", "job"]
-    )
+    s = s.sort_values(["seconds", "gpu"], ascending=[False, True]).drop_duplicates(keys)
     return pd.DataFrame(
         {
+            **({"cluster": s["cluster"].to_numpy()} if by_cluster else {}),
             "namespace": s["namespace"].to_numpy(),
             "job": s["job"].to_numpy(),
             "straggler_pod": s["pod"].to_numpy(),

@@ -26,14 +26,16 @@ GROUP_COLUMNS: dict[GroupBy, list[str]] = {
 
 HOURS_COLUMNS = [f"{c}_gpu_hours" for c in CATEGORIES]
 
-NAMED_IN_CLUSTER = (GroupBy.NODE, GroupBy.GPU)
+NAMED_IN_CLUSTER = (GroupBy.JOB, GroupBy.POD, GroupBy.NODE, GroupBy.GPU)
 """Groupings whose names are unique only inside a cluster (two clusters may both have a
-node `gpu-1`): with results of several clusters their rows are per cluster too."""
+node `gpu-1`, or a job `ml/train` of pods `ml/train-0`: other objects, however alike): with
+results of several clusters their rows are per cluster too. A team or a namespace is one
+across clusters."""
 
 
 def group_keys(by: GroupBy, results: pd.DataFrame) -> list[str]:
     """The columns rows `by` are keyed on: `GROUP_COLUMNS`, with the cluster first for a
-    node or card of results from more than one cluster (SPEC §11)."""
+    job, pod, node or card of results from more than one cluster (SPEC §11)."""
     keys = GROUP_COLUMNS[by]
     several = "cluster" in results.columns and results["cluster"].nunique() > 1
     return ["cluster", *keys] if by in NAMED_IN_CLUSTER and several else list(keys)

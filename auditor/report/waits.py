@@ -20,26 +20,37 @@ WAITED_SHOWN = 5
 """Jobs listed under "Jobs that waited to be scheduled"."""
 
 
-def job_waits(waits: pd.DataFrame, half_starts: pd.DataFrame, pods: pd.DataFrame) -> pd.DataFrame:
-    """Per (team, namespace, job): `WAIT_COLUMNS`. `waits`: `store.demand.read_queue_waits`;
-    `half_starts`: `classify.queue.gang_half_starts`; `pods`: uid, gang, namespace, team (to
-    name a half-started gang's job)."""
+def job_waits(
+    waits: pd.DataFrame,
+    half_starts: pd.DataFrame,
+    pods: pd.DataFrame,
+    *,
+    by_cluster: bool = False,
+) -> pd.DataFrame:
+    """Per (team, namespace, job): `WAIT_COLUMNS`; per (cluster, team, namespace, job) with
+    `by_cluster` (a job of one name in two clusters is two jobs). `waits`:
+    `store.demand.read_queue_waits`; `half_starts`: `classify.queue.gang_half_starts`;
+    `pods`: uid, gang, namespace, team, cluster (to name a half-started gang's job)."""
+    keys = ["cluster", *KEYS] if by_cluster else KEYS
     parts: list[pd.Series] = []
     if not waits.empty:
         hours = waits["cards"] * (waits["end_ms"] - waits["start_ms"]) / 3_600_000
-        latest = waits.sort_values("end_ms", kind="stable").groupby(KEYS)["message"].last()
-        queued = waits.assign(h=hours).groupby(KEYS)["h"].sum().rename("queue_wait_gpu_hours")
+        latest = waits.sort_values("end_ms", kind="stable").groupby(keys)["message"].last()
+        queued = waits.assign(h=hours).groupby(keys)["h"].sum().rename("queue_wait_gpu_hours")
         parts += [queued, latest.rename("queue_wait_message")]
     if not half_starts.empty:
-        gangs = pods.drop_duplicates("gang").set_index("gang")
+        # a gang is named inside its cluster: its pods are found by both where both are known
+        on = ["cluster", "gang"] if "cluster" in half_starts and "cluster" in pods else ["gang"]
+        gangs = pods.drop_duplicates(on).set_index(on)
+        at = pd.MultiIndex.from_frame(half_starts[on]) if len(on) > 1 else half_starts["gang"]
         half = half_starts.assign(
-            team=half_starts["gang"].map(gangs["team"]),
-            namespace=half_starts["gang"].map(gangs["namespace"]),
+            team=gangs["team"].reindex(at).to_numpy(),
+            namespace=gangs["namespace"].reindex(at).to_numpy(),
             h=half_starts["gpu_seconds"] / 3600.0,
         )
-        parts.append(half.groupby(KEYS)["h"].sum().rename("half_start_gpu_hours"))
+        parts.append(half.groupby(keys)["h"].sum().rename("half_start_gpu_hours"))
     if not parts:
-        return pd.DataFrame(columns=[*KEYS, *WAIT_COLUMNS])
+        return pd.DataFrame(columns=[*keys, *WAIT_COLUMNS])
     out = pd.concat(parts, axis=1)
     for col in WAIT_COLUMNS:
         if col not in out.columns:
@@ -51,9 +62,10 @@ def job_waits(waits: pd.DataFrame, half_starts: pd.DataFrame, pods: pd.DataFrame
 
 def with_waits(rows: pd.DataFrame, waits: pd.DataFrame) -> pd.DataFrame:
     """`report --by job` rows with `WAIT_COLUMNS` (0 and null where a job did not wait),
-    and a row for each job that only waited."""
-    merged = rows.merge(waits, on=KEYS, how="left")
-    only_waited = waits.merge(rows[KEYS], on=KEYS, how="left", indicator=True)
+    and a row for each job that only waited; per cluster where both carry one."""
+    keys = [k for k in ("cluster", *KEYS) if k in rows.columns and k in waits.columns]
+    merged = rows.merge(waits, on=keys, how="left")
+    only_waited = waits.merge(rows[keys], on=keys, how="left", indicator=True)
     only_waited = only_waited[only_waited["_merge"] == "left_only"].drop(columns="_merge")
     # the report's order kept, the jobs that only waited after theirs, the platform last
     merged = pd.concat([merged, only_waited], ignore_index=True)

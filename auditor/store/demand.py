@@ -15,6 +15,7 @@ from auditor.model import DEFAULT_CLUSTER, Window
 from auditor.store.schema import pods
 
 _READ = (
+    "cluster",
     "uid",
     "namespace",
     "name",
@@ -69,7 +70,7 @@ def read_queue_waits(
 ) -> pd.DataFrame:
     """One row per pod (of `cluster`; of any where None) that waited inside `window`:
     pod_uid, namespace, name, team, job, gang, cards (float64), start_ms, end_ms (int64,
-    clipped to the window), reason, message (the last one seen). Queue waste is cards ×
-    (end − start)."""
-    frame = _waits(conn, window, cluster)[WAIT_COLUMNS].reset_index(drop=True)
+    clipped to the window), reason, message (the last one seen), cluster. Queue waste is
+    cards × (end − start)."""
+    frame = _waits(conn, window, cluster)[[*WAIT_COLUMNS, "cluster"]].reset_index(drop=True)
     return frame.astype({"cards": np.float64, "start_ms": np.int64, "end_ms": np.int64})

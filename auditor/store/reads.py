@@ -406,10 +406,10 @@ def read_results(conn: Connection, run_ids: Sequence[int | RunSlice]) -> pd.Data
 def read_findings(
     conn: Connection, run_ids: Sequence[int | RunSlice], *, window: Window | None = None
 ) -> pd.DataFrame:
-    """Findings of runs. Findings are stored per run, whole episodes: with `window` (a
-    report of some hours of a run, SPEC §11) an episode with a span is kept where it
-    overlaps the window, clipped to it, its seconds in proportion to the time kept; one
-    without a span (a gang's straggler) is the run's and kept."""
+    """Findings of runs, each with its run's cluster. Findings are stored per run, whole
+    episodes: with `window` (a report of some hours of a run, SPEC §11) an episode with a
+    span is kept where it overlaps the window, clipped to it, its seconds in proportion to
+    the time kept; one without a span (a gang's straggler) is the run's and kept."""
     stmt = (
         select(
             audit_findings.c.kind,
@@ -426,7 +426,9 @@ def read_findings(
             audit_findings.c.end_ms,
             audit_findings.c.seconds,
             audit_findings.c.detail,
+            audit_runs.c.cluster,
         )
+        .join(audit_runs, audit_runs.c.id == audit_findings.c.run_id)
         .outerjoin(gpus, gpus.c.id == audit_findings.c.gpu_id)
         .outerjoin(pods, pods.c.uid == audit_findings.c.pod_uid)
         .where(audit_findings.c.run_id.in_(hour_runs(run_ids)))
@@ -446,6 +448,7 @@ def read_findings(
         "end_ms",
         "seconds",
         "detail",
+        "cluster",
     ]
     found = _frame(conn, stmt, cols)
     if window is None or found.empty:

@@ -145,6 +145,46 @@ def test_nodes_of_the_same_name_stay_apart(shared: str, sims: dict[str, Simulati
     assert len(by_node) == len(keys) == 2 * len(sims["east"].node_csvs)
 
 
+@pytest.mark.parametrize("by", ["job", "pod"])
+def test_jobs_and_pods_of_the_same_name_stay_apart(
+    shared: str, alone: dict[str, str], by: str
+) -> None:
+    """A job `nlp/Job/llm-eval` in each cluster is two jobs, of two sets of pods: a row
+    each, with its own cluster's waits and stragglers, each its own database's row."""
+    both = rows(shared, "--by", by)
+    keys = ["team", "namespace", by]
+    named = [{tuple(r[k] for k in keys) for r in rows(alone[c], "--by", by)} for c in CLUSTERS]
+    assert named[0] & named[1]  # names both clusters have
+    assert len(both) == len({(r["cluster"], *(r[k] for k in keys)) for r in both})
+    for name in CLUSTERS:
+        mine = [{k: v for k, v in r.items() if k != "cluster"} for r in both
+                if r["cluster"] == name]  # fmt: skip
+        assert close(mine, rows(alone[name], "--by", by)), (name, by)
+
+
+def test_outputs_that_name_no_cluster_go_only_to_a_name_one_cluster_has() -> None:
+    """An output row names its job, not the job's cluster: a job of one cluster takes its
+    outputs; of two jobs of one name in two clusters, neither does (whose were they?)."""
+    import pandas as pd
+
+    from auditor.report.compare import outputs_by_name
+
+    keys = ["cluster", "team", "namespace", "job"]
+    report = pd.DataFrame(
+        [("east", "ml", "ml", "Job/x"), ("west", "ml", "ml", "Job/x"),
+         ("east", "ml", "ml", "Job/y")], columns=keys,
+    )  # fmt: skip
+    outputs = pd.DataFrame(
+        {"team": ["ml", "ml"], "namespace": ["ml", "ml"], "job": ["Job/x", "Job/y"],
+         "unit": ["tokens", "tokens"], "in_window": [5.0, 7.0]}
+    )  # fmt: skip
+    got = outputs_by_name(report, outputs, keys)
+    assert got.to_dict("records") == [
+        {"cluster": "east", "team": "ml", "namespace": "ml", "job": "Job/y", "outputs": 7.0,
+         "output_unit": "tokens"}
+    ]  # fmt: skip
+
+
 def test_finance_rows_name_their_cluster(shared: str, alone: dict[str, str]) -> None:
     week = WEEK
     both = list(csv.DictReader(io.StringIO(cli(shared, "export", "finance", "--week", week))))

@@ -18,7 +18,7 @@ from auditor.classify.free_time import split_unallocated
 from auditor.collect.pod_times import parse_time
 from auditor.jobs.imports import import_pods
 from auditor.jobs.watch_sinks import NodeSink, PodSink
-from auditor.model import Window
+from auditor.model import DEFAULT_CLUSTER, Window
 from auditor.settings import Config, TeamRules
 from auditor.store.demand import read_demand, read_queue_waits
 from auditor.store.placement import held_tenures
@@ -82,8 +82,9 @@ def test_a_snapshot_gives_each_waiting_pod_a_stretch_until_it_was_seen(
     assert set(clipped["start_ms"]) == {ms("2025-11-03T08:30:00Z")}  # clipped to the window
     assert list(waits.columns) == [
         "pod_uid", "namespace", "name", "team", "job", "gang", "cards",
-        "start_ms", "end_ms", "reason", "message",
+        "start_ms", "end_ms", "reason", "message", "cluster",
     ]  # fmt: skip
+    assert set(waits["cluster"]) == {DEFAULT_CLUSTER}  # a job's waits are its cluster's
     by_uid = waits.set_index("pod_uid")
     assert set(by_uid.index) == {TRITON, KUEUE, VOLCANO}  # the running pod never waited
     assert by_uid.loc[KUEUE, "reason"] == "SchedulingGated"
