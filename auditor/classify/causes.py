@@ -46,9 +46,6 @@ from auditor.classify.arrays import run_factorize, run_isin
 from auditor.classify.free_time import (
     HOUR,
     FreeCause,
-    card_maps,
-    keyed_demand,
-    split_unallocated,
 )
 from auditor.model import WasteCategory
 from auditor.settings import CauseThresholds
@@ -274,7 +271,7 @@ def multi_card_pods(tenures: pd.DataFrame) -> set[str]:
 def free_cause_frame(free: pd.DataFrame, *, demand_known: bool) -> pd.DataFrame:
     """`split_free`'s seconds as `CAUSE_COLUMNS` rows of `unallocated` (hour_ms too where
     they carry it): `blocked` and `unavailable` always rest on a signal, `no_demand` only
-    where waiting pods were looked for (`split_causes`)."""
+    where waiting pods were looked for at all (pod objects were recorded)."""
     on_signal = free["cause"] != FreeCause.NO_DEMAND.value
     out = free.assign(
         pod_uid=None,
@@ -284,26 +281,18 @@ def free_cause_frame(free: pd.DataFrame, *, demand_known: bool) -> pd.DataFrame:
     return out[[*CAUSE_COLUMNS, HOUR] if HOUR in free.columns else CAUSE_COLUMNS]
 
 
-def split_causes(
+def idle_causes(
     pieces: pd.DataFrame,
     *,
     tenures: pd.DataFrame,
-    cards: pd.DataFrame,
     pod_signals: pd.DataFrame | None,
     card_signals: pd.DataFrame | None,
-    unavailable: pd.DataFrame | None,
-    demand: pd.DataFrame | None,
-    demand_known: bool,
     thresholds: CauseThresholds,
-    free: bool = True,
 ) -> pd.DataFrame:
-    """Seconds per (gpu, pod_uid, category, cause) of both splits (`CAUSE_COLUMNS`), and the
-    part of them judged on a recorded signal. `cards`: uuid, node, model (a card's kind is
-    its model). `demand_known`: whether waiting pods were looked for at all (pod objects
-    were recorded); without it `no_demand` rests on no signal, while `unavailable` and
-    `blocked` always rest on one. `free=False`: `compute_idle` alone, the free time left to
-    the caller (`free_shares`, then `split_free` and `free_cause_frame`), as an audit in
-    chunks does to split every chunk's free time at once."""
+    """Seconds per (gpu, pod_uid, category, cause) of `compute_idle` (`CAUSE_COLUMNS`, and
+    hour_ms where the pieces carry it), and the part of them judged on a recorded signal.
+    Free time is split apart, once every chunk's is known (`free_time.free_shares`, then
+    `split_free` and `free_cause_frame`)."""
     idle = split_compute_idle(
         pieces,
         pod_signals=pod_signals,
@@ -311,27 +300,15 @@ def split_causes(
         multi_card_pods=multi_card_pods(tenures),
         thresholds=thresholds,
     )
-    card_node, card_kind = card_maps(cards)
-    free_time = split_unallocated(
-        pieces if free else pieces[:0],
-        card_node=card_node,
-        card_kind=card_kind,
-        unavailable=unavailable,
-        demand=keyed_demand(demand),
-    )
-    idle = idle.assign(
+    columns = [*CAUSE_COLUMNS, HOUR] if HOUR in pieces.columns else CAUSE_COLUMNS
+    rows = idle.assign(
         category=WasteCategory.COMPUTE_IDLE.value,
         signalled_seconds=np.where(idle["signalled"], idle["seconds"], 0.0),
-    )
-    columns = [*CAUSE_COLUMNS, HOUR] if HOUR in pieces.columns else CAUSE_COLUMNS
-    both = pd.concat(
-        [idle[columns], free_cause_frame(free_time, demand_known=demand_known)],
-        ignore_index=True,
-    )
-    if both.empty:
-        return both.astype({"seconds": np.float64, "signalled_seconds": np.float64})
+    )[columns]
+    if rows.empty:
+        return rows.astype({"seconds": np.float64, "signalled_seconds": np.float64})
     keys = ["gpu", "pod_uid", "category", "cause", *columns[len(CAUSE_COLUMNS) :]]
-    summed = both.groupby(keys, dropna=False, as_index=False, sort=True)[
+    summed = rows.groupby(keys, dropna=False, as_index=False, sort=True)[
         ["seconds", "signalled_seconds"]
     ].sum()
     summed["pod_uid"] = summed["pod_uid"].astype(object).where(summed["pod_uid"].notna(), None)

@@ -224,7 +224,7 @@ def _audit(
     `source`."""
     import pandas as pd
 
-    from auditor.classify.causes import free_cause_frame, split_causes
+    from auditor.classify.causes import free_cause_frame, idle_causes
     from auditor.classify.efficiency import efficiency
     from auditor.classify.free_time import card_maps, free_shares, keyed_demand, split_free
     from auditor.classify.hours import HOUR_MS, cut_at_hours
@@ -369,17 +369,12 @@ def _audit(
                 )
             )  # fmt: skip
             cause_rows += _cause_rows(
-                split_causes(
+                idle_causes(
                     cut,
                     tenures=part,
-                    cards=gpus,
                     pod_signals=signals.pods,
                     card_signals=signals.cards,
-                    unavailable=unavailable,
-                    demand=demand,
-                    demand_known=not tenures.empty,
                     thresholds=thresholds.causes,
-                    free=False,
                 ),
                 gpu_ids,
             )

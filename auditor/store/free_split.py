@@ -64,7 +64,7 @@ def settle_free_split(
 ) -> list[int]:
     """If every shard `i/shards` of `cluster`'s `window` is stored, split their kept free
     shares at once against `demand` and replace those (card, hour)s' `unallocated` causes
-    (`demand_known` as `split_causes` takes it). Returns the runs of the complete set, in
+    (`demand_known` as `free_cause_frame` takes it). Returns the runs of the complete set, in
     shard order; empty while a shard is missing."""
     r = audit_runs
     stored = conn.execute(
