@@ -61,9 +61,13 @@ class WatchedDra:
             return done.assignments
 
     def retry(self) -> None:
-        """Try the pending claims again (after pods were written)."""
-        if not self.pending:
-            return
+        """Try the pending claims again (after pods were written). Whether any are pending is
+        asked under the lock: a claim loop inside `write` holds it, so a pod written while
+        that write read the pods is retried once the claim is marked pending, and not missed
+        (it read too early for the pod, and this retry would have seen no claim pending)."""
+        with self.lock:
+            if not self.pending:
+                return
         from auditor.store.connection import transaction
 
         with transaction(self.engine) as conn:
