@@ -22,7 +22,7 @@ from pathlib import Path
 
 from auditor import jobs
 from auditor.classify.policy import parse_policy
-from auditor.jobs.audit import NEIGHBOUR_SAMPLES
+from auditor.jobs.audit_chunks import NEIGHBOUR_SAMPLES
 from auditor.report.summary import GroupBy
 from auditor.settings import Thresholds
 from auditor.store import reads

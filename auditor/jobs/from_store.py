@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from auditor.errors import InputError
-from auditor.jobs.audit import NEIGHBOUR_SAMPLES, AuditStats, SampleSource, _audit
+from auditor.jobs.audit import AuditStats, SampleSource, _audit
+from auditor.jobs.audit_chunks import NEIGHBOUR_SAMPLES
 from auditor.jobs.common import open_store
 from auditor.jobs.imports import cluster_matchers, store_query_options
 from auditor.jobs.parts import AUDIT_CHUNK_SAMPLES, READ_MARGIN_MS

@@ -64,16 +64,30 @@ def chunks(
     budget: int,
     cost: dict[str, int],
     least: int,
+    workers: int = 1,
 ) -> list[tuple[set[str], set[str]]]:
     """`audit_parts` within `budget`, and at least `least` of them where the nodes allow:
     a fleet that fits in fewer is cut into that many smaller ones, so that reading the next
-    chunk overlaps classifying this one."""
+    chunk overlaps classifying this one.
+
+    With `workers` processes taking chunks in turn, as many chunks as are needed rounded up
+    to a multiple of them, each as small as that allows: nine chunks for two workers leave
+    one alone with the last chunk, ten smaller ones end together."""
     parts = list(audit_parts(gpus, tenures, shard=shard, budget=budget, cost=cost))
-    if len(parts) >= least:
+    want = max(least, len(parts))
+    if workers > 1:
+        want = -(-want // workers) * workers
+    if len(parts) >= want:
         return parts
     total = sum(cost.get(u, 0) for own, _ in parts for u in own)
-    smaller = max(1, min(budget, -(-total // least)))
-    return list(audit_parts(gpus, tenures, shard=shard, budget=smaller, cost=cost))
+    smaller = max(1, min(budget, -(-total // want)))
+    found = list(audit_parts(gpus, tenures, shard=shard, budget=smaller, cost=cost))
+    # a chunk weighs its gangs' cards on other nodes too, so a budget of total / want may
+    # cut more chunks than wanted: each costs a fixed part, so grow it back to `want`
+    while workers > 1 and len(found) > want and smaller < budget:
+        smaller = min(budget, smaller + max(1, smaller // 10))
+        found = list(audit_parts(gpus, tenures, shard=shard, budget=smaller, cost=cost))
+    return found
 
 
 def audit_parts(

@@ -346,7 +346,7 @@ def _explain(
     from auditor.classify.causes import multi_card_pods, split_compute_idle
     from auditor.classify.pipeline import classify
     from auditor.classify.rollup import with_rolled
-    from auditor.jobs.audit import NEIGHBOUR_SAMPLES, Signals
+    from auditor.jobs.audit_chunks import NEIGHBOUR_SAMPLES, Signals
     from auditor.jobs.parts import READ_MARGIN_MS
     from auditor.report.explain import build_explanation
     from auditor.report.targets import resolve_target
