@@ -18,6 +18,7 @@ from auditor.classify.causes import CARD_SIGNALS, POD_SIGNALS
 from auditor.model import DEFAULT_CLUSTER, RunSlice, Window
 from auditor.store.hours import parts_condition
 from auditor.store.keyscan import merged_spans, scan_card_ranges
+from auditor.store.many_rows import insert_many
 from auditor.store.schema import (
     audit_causes,
     audit_runs,
@@ -214,9 +215,7 @@ def write_cause_rows(conn: Connection, *, run_id: int, rows: Sequence[Mapping[st
     signalled_seconds, and hour_ms: their bucket; the run's start where not given)."""
     if rows:
         start = run_start(conn, run_id)
-        conn.execute(
-            insert(audit_causes), [{"run_id": run_id, "hour_ms": start, **r} for r in rows]
-        )
+        insert_many(conn, audit_causes, [{"run_id": run_id, "hour_ms": start, **r} for r in rows])
 
 
 def read_causes(conn: Connection, run_ids: Sequence[int | RunSlice]) -> pd.DataFrame:

@@ -15,6 +15,7 @@ from sqlalchemy import Connection, and_, delete, func, insert, or_, select, tupl
 
 from auditor.model import RunSlice, Selection, Window
 from auditor.store.hours import parts_condition
+from auditor.store.many_rows import insert_many
 from auditor.store.reads import records
 from auditor.store.schema import audit_sm, gpus, latency_buckets, outputs, pods
 from auditor.store.signals import run_start
@@ -27,7 +28,7 @@ def write_sm_rows(conn: Connection, *, run_id: int, rows: Sequence[Mapping[str, 
     their bucket; the run's start where not given)."""
     if rows:
         start = run_start(conn, run_id)
-        conn.execute(insert(audit_sm), [{"run_id": run_id, "hour_ms": start, **r} for r in rows])
+        insert_many(conn, audit_sm, [{"run_id": run_id, "hour_ms": start, **r} for r in rows])
 
 
 def read_sm(conn: Connection, run_ids: Sequence[int | RunSlice]) -> pd.DataFrame:

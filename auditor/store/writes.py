@@ -36,6 +36,7 @@ from auditor.model import (
 from auditor.store.bounds import RowError, check_row
 from auditor.store.bulk import SAMPLE_COLUMNS, object_spans, write_rows
 from auditor.store.connection import write_lock
+from auditor.store.many_rows import insert_many
 from auditor.store.schema import (
     audit_findings,
     audit_results,
@@ -422,11 +423,8 @@ def replace_audit_run(
     result_rows = [
         {"run_id": run_id, "estimated": False, "hour_ms": window[0], **r} for r in results
     ]
-    if result_rows:
-        conn.execute(insert(audit_results), result_rows)
-    finding_rows = [{"run_id": run_id, **f} for f in findings]
-    if finding_rows:
-        conn.execute(insert(audit_findings), finding_rows)
+    insert_many(conn, audit_results, result_rows)
+    insert_many(conn, audit_findings, [{"run_id": run_id, **f} for f in findings])
     return int(run_id)
 
 
