@@ -10,6 +10,7 @@ cost more than the scan itself at a million rows.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 from sqlalchemy import Connection
@@ -39,7 +40,7 @@ def scan_card_ranges(
     before = f"{head} WHERE gpu_id = {mark} AND ts_ms < {mark} ORDER BY ts_ms DESC LIMIT {mark}"
     after = f"{head} WHERE gpu_id = {mark} AND ts_ms >= {mark} ORDER BY ts_ms LIMIT {mark}"
     parts: list[tuple[int, np.ndarray]] = []
-    cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+    cur = driver_cursor(conn)
     try:
         for gpu_id, lo, hi in ranges:
             cur.execute(query, (gpu_id, lo, hi))
@@ -54,6 +55,16 @@ def scan_card_ranges(
     finally:
         cur.close()
     return parts
+
+
+def driver_cursor(conn: Connection) -> Any:
+    """A cursor of the driver under `conn`, in its transaction. On PostgreSQL it asks for
+    results in binary: the server sends a float as its 8 bytes rather than formatting it as
+    text for psycopg to parse back, which takes both sides less CPU."""
+    driver = conn.connection.driver_connection
+    if conn.dialect.name == "postgresql":
+        return driver.cursor(binary=True)  # type: ignore[union-attr]
+    return driver.cursor()  # type: ignore[union-attr]
 
 
 def merged_spans(spans: Iterable[tuple[int, int]], *, lo: int, hi: int) -> list[tuple[int, int]]:

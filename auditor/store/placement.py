@@ -16,7 +16,7 @@ from auditor.classify.tenures import (
     memory_spans,
 )
 from auditor.model import DEFAULT_CLUSTER
-from auditor.store.keyscan import merged_spans
+from auditor.store.keyscan import driver_cursor, merged_spans
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Collection
@@ -101,7 +101,7 @@ def memory_in_use(
         f" AND ts_ms >= {mark} AND ts_ms < {mark} AND memory_used_mib > {mark}"
         f" GROUP BY ts_ms / {BUCKET_MS} ORDER BY 1"
     )
-    cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+    cur = driver_cursor(conn)
     try:
         for uuid, gpu_id, node in zip(cards["uuid"], cards["id"], cards["node"], strict=True):
             minutes: list[tuple[int, int]] = []

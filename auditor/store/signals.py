@@ -17,7 +17,7 @@ from sqlalchemy import Connection, and_, bindparam, delete, func, insert, or_, s
 from auditor.classify.causes import CARD_SIGNALS, POD_SIGNALS
 from auditor.model import DEFAULT_CLUSTER, RunSlice, Window
 from auditor.store.hours import parts_condition
-from auditor.store.keyscan import merged_spans, scan_card_ranges
+from auditor.store.keyscan import driver_cursor, merged_spans, scan_card_ranges
 from auditor.store.many_rows import insert_many
 from auditor.store.schema import (
     audit_causes,
@@ -126,7 +126,7 @@ def read_pod_signals(
     uids = sorted(set(pod_uids))
     lo, hi = window.start_ms - margin_ms, window.end_ms + margin_ms
     parts: list[np.ndarray] = []
-    cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+    cur = driver_cursor(conn)
     try:
         for i in range(0, len(uids), _CHUNK):
             some = uids[i : i + _CHUNK]
