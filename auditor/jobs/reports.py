@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -20,6 +19,7 @@ if TYPE_CHECKING:
     from sqlalchemy import Connection
 
     from auditor.classify.whatif import Policy
+    from auditor.jobs.audit_chunks import Signals
     from auditor.report.explain import Explanation
     from auditor.report.render import Report
     from auditor.report.summary import GroupBy
@@ -346,14 +346,13 @@ def _explain(
     from auditor.classify.causes import multi_card_pods, split_compute_idle
     from auditor.classify.pipeline import classify
     from auditor.classify.rollup import with_rolled
-    from auditor.jobs.audit_chunks import NEIGHBOUR_SAMPLES, Signals
+    from auditor.jobs.audit_chunks import NEIGHBOUR_SAMPLES
+    from auditor.jobs.forked import Beside
     from auditor.jobs.parts import READ_MARGIN_MS
     from auditor.report.explain import build_explanation
     from auditor.report.targets import resolve_target
     from auditor.report.timeline import bucketise
     from auditor.store import reads
-    from auditor.store.rollup import read_rolled_card_samples
-    from auditor.store.signals import read_card_signals, read_pod_signals
 
     label, uids = resolve_target(held.pods, target)
     tenures = held.tenures
@@ -374,25 +373,21 @@ def _explain(
     held_span = Window(int(mine["start_ms"].min()), int(mine["end_ms"].max()))
     margin = round(thresholds.signal_stale_s * 1000) + READ_MARGIN_MS
 
-    def read_rest() -> tuple[pd.DataFrame, pd.DataFrame, Signals]:
-        """What the classification and the causes read beside the samples, on a connection
-        of its own, while the samples are read and classified."""
-        with conn.engine.connect() as own:
-            rolled = read_rolled_card_samples(own, wanted)
-            activity = reads.read_tenant_util(own, wanted, uuid_of)
-            signals = Signals(
-                pods=read_pod_signals(own, sorted(uids), window=held_span, margin_ms=margin),
-                cards=read_card_signals(
-                    own, window=held_span, margin_ms=margin, cards={i: uuid_of[i] for i in ids}
-                ),
-            )
-            return rolled, activity, signals
-
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="explain-read") as pool:
-        rest = pool.submit(read_rest)
-        # read as the audit reads a card (its hot path, and the same neighbours at the edges)
-        raw = reads.read_card_samples(conn, wanted, uuid_of, neighbours=NEIGHBOUR_SAMPLES)
-        rolled, activity, signals = rest.result()
+    # What the classification and the causes read beside the samples, on a connection of
+    # its own, while the samples are read: in a forked process where this one runs no other
+    # thread (both reads hold the interpreter lock for every row they build).
+    beside = _BesideSamples(
+        conn.engine.url.render_as_string(hide_password=False),
+        wanted,
+        uuid_of,
+        sorted(uids),
+        held_span,
+        margin,
+    )
+    rest = Beside(beside.read)
+    # read as the audit reads a card (its hot path, and the same neighbours at the edges)
+    raw = reads.read_card_samples(conn, wanted, uuid_of, neighbours=NEIGHBOUR_SAMPLES)
+    rolled, activity, signals = rest.result()
     samples = with_rolled(raw, rolled)
     # the other tenants of a shared card decide the target's part of it (SPEC §7)
     on_cards = tenures[tenures["gpu"].isin(cards) & ~tenures.index.isin(gang.index)]
@@ -431,6 +426,46 @@ def _explain(
         pods=held.pods,
         gpus=held.gpus,
     )
+
+
+@dataclass(frozen=True)
+class _BesideSamples:
+    """What `explain` reads beside the samples of the cards `wanted`: their rolled-up
+    minutes, their tenants' own utilisation, and the signals of the pods `uids` and of the
+    cards over `span` (and `margin` either side), on an engine of its own at `url`."""
+
+    url: str
+    wanted: list[tuple[int, int, int]]
+    uuid_of: dict[int, str]
+    uids: list[str]
+    span: Window
+    margin: int
+
+    def read(self) -> tuple[pd.DataFrame, pd.DataFrame, Signals]:
+        from auditor.jobs.audit_chunks import Signals
+        from auditor.store import reads
+        from auditor.store.connection import make_engine
+        from auditor.store.rollup import read_rolled_card_samples
+        from auditor.store.signals import read_card_signals, read_pod_signals
+
+        cards = {i: self.uuid_of[i] for i, _, _ in self.wanted}
+        engine = make_engine(self.url)
+        try:
+            with engine.connect() as own:
+                return (
+                    read_rolled_card_samples(own, self.wanted),
+                    reads.read_tenant_util(own, self.wanted, self.uuid_of),
+                    Signals(
+                        pods=read_pod_signals(
+                            own, self.uids, window=self.span, margin_ms=self.margin
+                        ),
+                        cards=read_card_signals(
+                            own, window=self.span, margin_ms=self.margin, cards=cards
+                        ),
+                    ),
+                )
+        finally:
+            engine.dispose()
 
 
 def build_report_html(
