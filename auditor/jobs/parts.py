@@ -4,7 +4,7 @@ frames in, plans out; the audit and whatif jobs follow the plan."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from auditor.model import Window
@@ -71,23 +71,69 @@ def chunks(
     chunk overlaps classifying this one.
 
     With `workers` processes taking chunks in turn, as many chunks as are needed rounded up
-    to a multiple of them, each as small as that allows: nine chunks for two workers leave
-    one alone with the last chunk, ten smaller ones end together."""
+    to a multiple of them, of about equal cost (`even_parts`): nine chunks for two workers
+    leave one alone with the last chunk, ten smaller ones end together."""
     parts = list(audit_parts(gpus, tenures, shard=shard, budget=budget, cost=cost))
-    want = max(least, len(parts))
-    if workers > 1:
-        want = -(-want // workers) * workers
-    if len(parts) >= want:
+    if workers > 1:  # total / want is within the budget: want is no fewer than parts
+        want = -(-max(least, len(parts)) // workers) * workers
+        return even_parts(gpus, tenures, shard=shard, parts=want, cost=cost)
+    if len(parts) >= least:
         return parts
     total = sum(cost.get(u, 0) for own, _ in parts for u in own)
-    smaller = max(1, min(budget, -(-total // want)))
-    found = list(audit_parts(gpus, tenures, shard=shard, budget=smaller, cost=cost))
-    # a chunk weighs its gangs' cards on other nodes too, so a budget of total / want may
-    # cut more chunks than wanted: each costs a fixed part, so grow it back to `want`
-    while workers > 1 and len(found) > want and smaller < budget:
-        smaller = min(budget, smaller + max(1, smaller // 10))
-        found = list(audit_parts(gpus, tenures, shard=shard, budget=smaller, cost=cost))
-    return found
+    smaller = max(1, min(budget, -(-total // least)))
+    return list(audit_parts(gpus, tenures, shard=shard, budget=smaller, cost=cost))
+
+
+def even_parts(
+    gpus: pd.DataFrame,
+    tenures: pd.DataFrame,
+    *,
+    shard: tuple[int, int] | None,
+    parts: int,
+    cost: dict[str, int],
+) -> list[tuple[set[str], set[str]]]:
+    """The shard's nodes, in node order, cut into `parts` chunks of about the same cost,
+    as `audit_parts` gives them (each with the cards of its gangs on other nodes to read).
+
+    A chunk ends where the running cost of the own cards comes nearest to its share of
+    the total, and only between nodes no gang spans where there are such: a gang cut in
+    two is read and classified twice, once as context. So the nodes go in blocks that
+    no gang crosses, and a chunk ends between blocks."""
+    nodes, node_cards, closure = _node_plan(gpus, tenures, shard=shard)
+    at = {n: i for i, n in enumerate(nodes)}
+    card_at = {
+        str(u): at[str(n)] for u, n in zip(gpus["uuid"], gpus["node"], strict=True) if str(n) in at
+    }
+    crossed = [0] * (len(nodes) + 1)  # gangs spanning the boundary before node i
+    for cards in tenures.groupby("gang")["gpu"].agg(set):
+        spots = [card_at[c] for c in cards if c in card_at]
+        if len(spots) > 1 and min(spots) < max(spots):
+            crossed[min(spots) + 1] += 1
+            crossed[max(spots) + 1] -= 1
+    blocks: list[tuple[set[str], int]] = []
+    spanning = 0
+    for i, node in enumerate(nodes):
+        spanning += crossed[i]
+        mine = node_cards[node]
+        if not blocks or spanning == 0:
+            blocks.append((set(), 0))
+        cards, weight = blocks[-1]
+        blocks[-1] = (cards | mine, weight + sum(cost.get(u, 0) for u in mine))
+    total = sum(w for _, w in blocks)
+    out: list[tuple[set[str], set[str]]] = []
+    own: set[str] = set()
+    running = 0
+    for cards, w in blocks:
+        # close the chunk before this block where that lands nearer its share's end
+        end = total * (len(out) + 1) / parts
+        if own and len(out) < parts - 1 and abs(running - end) <= abs(running + w - end):
+            out.append((own, closure(own)))
+            own = set()
+        own |= cards
+        running += w
+    if own:
+        out.append((own, closure(own)))
+    return out
 
 
 def audit_parts(
@@ -104,6 +150,30 @@ def audit_parts(
     chunk takes nodes while the cost (samples expected) of its cards to read stays within
     `budget`, and at least one node. Without `cost` every card costs 1.
     """
+    nodes, node_cards, closure = _node_plan(gpus, tenures, shard=shard)
+
+    def weight(cards: set[str]) -> int:
+        return len(cards) if cost is None else sum(cost.get(u, 0) for u in cards)
+
+    own: set[str] = set()
+    context: set[str] = set()
+    for node in nodes:
+        mine = node_cards[node]
+        grown = context | closure(mine)
+        if own and weight(grown) > budget:
+            yield own, context
+            own, grown = set(), closure(mine)
+        own |= mine
+        context = grown
+    if own:
+        yield own, context
+
+
+def _node_plan(
+    gpus: pd.DataFrame, tenures: pd.DataFrame, *, shard: tuple[int, int] | None
+) -> tuple[list[str], dict[str, set[str]], Callable[[set[str]], set[str]]]:
+    """The shard's nodes in order, each node's cards, and the closure of a set of cards
+    over their gangs (the cards to read with them)."""
     nodes = sorted({str(n) for n in gpus["node"]})
     if shard is not None:
         nodes = [n for n in nodes if shard_of(n, shard[1]) == shard[0]]
@@ -121,18 +191,4 @@ def audit_parts(
                 out |= gang_cards[gang]
         return out
 
-    def weight(cards: set[str]) -> int:
-        return len(cards) if cost is None else sum(cost.get(u, 0) for u in cards)
-
-    own: set[str] = set()
-    context: set[str] = set()
-    for node in nodes:
-        mine = node_cards[node]
-        grown = context | closure(mine)
-        if own and weight(grown) > budget:
-            yield own, context
-            own, grown = set(), closure(mine)
-        own |= mine
-        context = grown
-    if own:
-        yield own, context
+    return nodes, node_cards, closure

@@ -16,6 +16,7 @@ import pandas as pd
 from sqlalchemy import Engine, func, select
 
 from auditor import jobs
+from auditor.jobs.parts import chunks
 from auditor.model import GpuRecord
 from auditor.report.offenders import stragglers
 from auditor.store import bulk, migrate, reads
@@ -164,6 +165,33 @@ def test_chunks_take_whole_nodes_within_the_budget_and_read_whole_gangs() -> Non
     for parts in (one, per_node, four, three):
         owned = [u for own, _ in parts for u in own]
         assert sorted(owned) == sorted(gpus["uuid"])
+
+
+def test_chunks_for_workers_are_a_multiple_of_them_and_split_no_gang() -> None:
+    """Two workers: an even number of chunks of about equal cost, cut only between nodes
+    no gang spans (node-2 and node-3 share gang gbc), every card owned once."""
+    gpus, tenures = _fleet()
+    cost = dict.fromkeys(gpus["uuid"], 10)
+    parts = chunks(gpus, tenures, shard=None, budget=60, cost=cost, least=3, workers=2)
+    # four wanted, but node-2 and node-3 go together: three, none splitting gang gbc
+    assert [sorted(own) for own, _ in parts] == [
+        ["G00", "G01"], ["G10", "G11"], ["G20", "G21", "G30", "G31"]
+    ]  # fmt: skip
+    assert all(own == ctx for own, ctx in parts), "no gang read as context"
+    # ten nodes of 8 cards, a budget of 3 nodes, 2 workers: four chunks of about equal
+    # cost, not the budget's greedy cut
+    big = pd.DataFrame(
+        {"uuid": [f"N{n}-{i}" for n in range(10) for i in range(8)],
+         "node": [f"n{n:02}" for n in range(10) for _ in range(8)]}
+    )  # fmt: skip
+    none = tenures.iloc[0:0]
+    cost = dict.fromkeys(big["uuid"], 1)
+    greedy = chunks(big, none, shard=None, budget=24, cost=cost, least=3, workers=1)
+    assert [len(own) // 8 for own, _ in greedy] == [3, 3, 3, 1]  # 6 against 4 nodes
+    parts = chunks(big, none, shard=None, budget=24, cost=cost, least=3, workers=2)
+    assert sorted(len(own) // 8 for own, _ in parts) == [2, 2, 3, 3]  # 5 and 5
+    owned = [u for own, _ in parts for u in own]
+    assert sorted(owned) == sorted(big["uuid"])
 
 
 def test_a_longer_window_makes_chunks_of_fewer_nodes() -> None:
