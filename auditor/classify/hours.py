@@ -12,8 +12,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from auditor.classify.arrays import IntArr, ObjArr
-from auditor.classify.pieces import Pieces, Plain, sum_results
+from auditor.classify.arrays import FloatArr, IntArr, ObjArr
+from auditor.classify.codes import N_CATEGORIES
+from auditor.classify.pieces import Pieces, Plain, sum_cells
 from auditor.classify.timeline import TenureTable
 from auditor.model import Window
 
@@ -91,30 +92,58 @@ def sum_results_by_hour(
     """`sum_results` per bucket of `window`, with `hour_ms` (the bucket's start) added.
 
     Each bucket sums only the pieces that touch it, clipped to it: the work is the pieces
-    plus the ones an hour boundary cuts, not pieces times hours."""
+    plus the ones an hour boundary cuts, not pieces times hours. The buckets are summed
+    together, as many at a time as keep the dense sums within `CELLS` (a long window of
+    many tenures goes in groups of hours)."""
     buckets = hour_buckets(window, bucket_ms)
+    first = window.start_ms // bucket_ms * bucket_ms
     p_rows, p_bucket = bucket_rows(pieces.start, pieces.end, window=window, bucket_ms=bucket_ms)
     r_rows, r_bucket = bucket_rows(rest.start, rest.end, window=window, bucket_ms=bucket_ms)
-    keys = np.arange(len(buckets) + 1)
-    p_at = np.searchsorted(p_bucket, keys)
-    r_at = np.searchsorted(r_bucket, keys)
+    n_est = 1 if pieces.estimated is None else 2
+    size = (tenures.size + uuids.size) * N_CATEGORIES * n_est
+    per_group = max(1, CELLS // max(size, 1))
     frames: list[pd.DataFrame] = []
-    for k, b in enumerate(buckets):
-        part = _take_pieces(pieces, p_rows[p_at[k] : p_at[k + 1]])
-        _, _, seconds = part.window_ms(b.start_ms, b.end_ms)
-        got = sum_results(
+    for g0 in range(0, len(buckets), per_group):
+        g1 = min(g0 + per_group, len(buckets))
+        p = slice(*np.searchsorted(p_bucket, [g0, g1]))
+        r = slice(*np.searchsorted(r_bucket, [g0, g1]))
+        part = _take_pieces(pieces, p_rows[p])
+        plain = _take_plain(rest, r_rows[r])
+        p_lo, p_hi = _bounds(p_bucket[p], first=first, window=window, bucket_ms=bucket_ms)
+        r_lo, r_hi = _bounds(r_bucket[r], first=first, window=window, bucket_ms=bucket_ms)
+        got = sum_cells(
             part,
-            seconds=seconds,
-            rest=_take_plain(rest, r_rows[r_at[k] : r_at[k + 1]]),
-            window=b,
+            seconds=_inside_s(part.start, part.end, p_lo, p_hi),
+            rest=plain,
+            rest_seconds=_inside_s(plain.start, plain.end, r_lo, r_hi),
             tenures=tenures,
             uuids=uuids,
+            buckets=(p_bucket[p] - g0, r_bucket[r] - g0, g1 - g0),
         )
         if len(got):
-            frames.append(got.assign(hour_ms=np.int64(b.start_ms)))
+            starts = np.array([b.start_ms for b in buckets[g0:g1]], dtype=np.int64)
+            hour = starts[got.pop("bucket").to_numpy(np.int64)]
+            frames.append(got.assign(hour_ms=hour))
     if not frames:
         return empty_hourly()
-    return pd.concat(frames, ignore_index=True)
+    return pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+
+
+CELLS = 1 << 22
+"""Dense sums `sum_results_by_hour` keeps at once (32 MiB of float64 per array)."""
+
+
+def _bounds(bucket: IntArr, *, first: int, window: Window, bucket_ms: int) -> tuple[IntArr, IntArr]:
+    """Each bucket's `[start, end)`: its hour, clipped to the window."""
+    lo = np.maximum(first + bucket * bucket_ms, window.start_ms)
+    hi = np.minimum(first + (bucket + 1) * bucket_ms, window.end_ms)
+    return lo, hi
+
+
+def _inside_s(start: IntArr, end: IntArr, lo: IntArr, hi: IntArr) -> FloatArr:
+    """Seconds of each `[start, end)` inside its `[lo, hi)`."""
+    out: FloatArr = np.maximum(np.minimum(end, hi) - np.maximum(start, lo), 0) / 1000.0
+    return out
 
 
 def empty_hourly() -> pd.DataFrame:

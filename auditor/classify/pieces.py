@@ -92,10 +92,35 @@ def sum_results(
 
     `seconds` is each piece's time inside the window; `rest` is clipped (and weighted) here.
     """
+    rest_seconds = (
+        np.maximum(np.minimum(rest.end, window[1]) - np.maximum(rest.start, window[0]), 0) / 1000.0
+    )
+    return sum_cells(
+        pieces, seconds=seconds, rest=rest, rest_seconds=rest_seconds, tenures=tenures, uuids=uuids
+    )
+
+
+def sum_cells(
+    pieces: Pieces,
+    *,
+    seconds: FloatArr,
+    rest: Plain,
+    rest_seconds: FloatArr,
+    tenures: TenureTable,
+    uuids: ObjArr,
+    buckets: tuple[IntArr, IntArr, int] | None = None,
+) -> pd.DataFrame:
+    """Seconds per (GPU, pod, category, estimated): `seconds` of each piece and
+    `rest_seconds` of each plain segment (unweighted), as `sum_results` gives them.
+
+    With `buckets` = (the pieces' bucket, the segments' bucket, number of buckets), per
+    bucket too: a `bucket` column leads, and rows come in bucket order, each bucket's in
+    the order one bucket alone gives."""
     n_ten = tenures.size
     n_cat = codes.N_CATEGORIES
     n_est = 1 if pieces.estimated is None else 2
     size = (n_ten + uuids.size) * n_cat * n_est
+    n_buckets = 1 if buckets is None else buckets[2]
 
     def cell(gpu: IntArr, tenure: IntArr) -> IntArr:
         return np.where(tenure >= 0, tenure, n_ten + gpu) * (n_cat * n_est)
@@ -103,41 +128,43 @@ def sum_results(
     base = cell(pieces.gpu, pieces.tenure)
     if pieces.estimated is not None:
         base = base + pieces.estimated.astype(np.int64) * n_cat
-    totals = np.zeros(size)
-    totals += np.bincount(base + codes.BUSY, weights=pieces.busy * seconds, minlength=size)
-    totals += np.bincount(base + pieces.cat_a, weights=pieces.frac_a * seconds, minlength=size)
+    rest_base = cell(rest.gpu, rest.tenure) + rest.category
+    if buckets is not None:
+        base = base + buckets[0] * size
+        rest_base = rest_base + buckets[1] * size
+    cells = size * n_buckets
+    totals = np.zeros(cells)
+    totals += np.bincount(base + codes.BUSY, weights=pieces.busy * seconds, minlength=cells)
+    totals += np.bincount(base + pieces.cat_a, weights=pieces.frac_a * seconds, minlength=cells)
     has_b = pieces.cat_b >= 0
     if has_b.any():
         totals += np.bincount(
             base[has_b] + pieces.cat_b[has_b],
             weights=pieces.frac_b[has_b] * seconds[has_b],
-            minlength=size,
+            minlength=cells,
         )
-    rest_seconds = (
-        np.maximum(np.minimum(rest.end, window[1]) - np.maximum(rest.start, window[0]), 0) / 1000.0
-    )
     if rest.weight is not None:
         rest_seconds = rest_seconds * rest.weight
-    totals += np.bincount(
-        cell(rest.gpu, rest.tenure) + rest.category, weights=rest_seconds, minlength=size
-    )
+    totals += np.bincount(rest_base, weights=rest_seconds, minlength=cells)
     nonzero = np.flatnonzero(totals > 0)
     if nonzero.size == 0:
-        return empty_results()
-    grp, rem = nonzero // (n_cat * n_est), nonzero % (n_cat * n_est)
+        empty = empty_results()
+        return empty if buckets is None else empty.assign(bucket=pd.Series([], dtype=np.int64))
+    bucket, inside = nonzero // size, nonzero % size
+    grp, rem = inside // (n_cat * n_est), inside % (n_cat * n_est)
     est, cat = rem // n_cat, rem % n_cat
     held = grp < n_ten
     ten = np.where(held, grp, 0)
     gpu = np.where(held, tenures.gpu[ten] if n_ten else 0, grp - n_ten)
     pod = np.where(held, tenures.pod[ten] if n_ten else 0, -1)
-    (gpu, pod1, cat, est), _, _, seconds_sum, _ = reduce_groups(
-        (gpu, pod + 1, cat, est), lo=gpu, hi=gpu, seconds=totals[nonzero]
+    (bucket, gpu, pod1, cat, est), _, _, seconds_sum, _ = reduce_groups(
+        (bucket, gpu, pod + 1, cat, est), lo=gpu, hi=gpu, seconds=totals[nonzero]
     )
     names = np.array([str(c) for c in CATEGORIES], dtype=object)
     pod_uid = np.full(pod1.size, None, dtype=object)
     if tenures.pods.size:
         pod_uid[pod1 > 0] = tenures.pods[pod1[pod1 > 0] - 1]
-    return pd.DataFrame(
+    out = pd.DataFrame(
         {
             "gpu": pd.Series(uuids[gpu], dtype=object),
             "pod_uid": pd.Series(pod_uid, dtype=object),
@@ -146,6 +173,9 @@ def sum_results(
             "estimated": est.astype(bool),
         }
     )
+    if buckets is not None:
+        out.insert(0, "bucket", bucket.astype(np.int64))
+    return out
 
 
 PIECE_COLUMNS = ["gpu", "pod_uid", "start_ms", "end_ms", "category", "seconds", "mid_ms"]

@@ -23,6 +23,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pandas as pd
@@ -405,3 +406,8 @@ def test_each_hour_bucket_is_what_classifying_that_hour_alone_gives(data: st.Dat
         alone = classify(case.samples, tenures, window=bucket, thresholds=TH).results
         mine = got.hourly[got.hourly["hour_ms"] == bucket.start_ms]
         assert_add_up(totals([mine]), totals([alone]))
+    # summed an hour at a time (as a long window of many tenures is), the same rows
+    with mock.patch("auditor.classify.hours.CELLS", 1):
+        hourly = classify(case.samples, tenures, window=window, thresholds=TH, hour_ms=HOUR_MS)
+    assert hourly.hourly is not None
+    pd.testing.assert_frame_equal(hourly.hourly, got.hourly)
