@@ -10,14 +10,11 @@ from typing import TYPE_CHECKING
 from auditor import __version__
 from auditor.errors import InputError
 from auditor.jobs.audit_chunks import (
-    PARALLEL_MIN_SAMPLES,
     AuditPlan,
     ChunkRows,
     SampleReader,
     cause_rows,
     in_process,
-    in_workers,
-    usable_cpus,
 )
 from auditor.jobs.common import one_cluster, open_store
 from auditor.jobs.parts import (
@@ -27,6 +24,7 @@ from auditor.jobs.parts import (
     card_ranges,
     chunks,
 )
+from auditor.jobs.workers import in_workers, workers_for
 from auditor.model import DEFAULT_CLUSTER, Window
 from auditor.settings import Thresholds
 
@@ -124,8 +122,8 @@ def audit(
     window's set splits them all at once (`auditor.store.free_split`).
 
     `workers`: processes that read and classify chunks side by side (None: one per usable
-    CPU, once the audit plans to read `PARALLEL_MIN_SAMPLES` or more; 1: all in this
-    process). The rows stored are the same whatever the number.
+    CPU, once the audit plans to read `workers.PARALLEL_MIN_SAMPLES` or more; 1: all in
+    this process). The rows stored are the same whatever the number.
     """
     started = time.perf_counter()
     if cluster is None:
@@ -260,7 +258,8 @@ def _audit(
         period_ms = max(1, round(thresholds.default_period_s * 1000))
         cost = {u: (hi - lo) // period_ms for u, (lo, hi) in ranges.items()}
         planned = sum(cost.values())
-        workers = _workers(workers, planned=planned, source=source)
+        # an audit from the metrics store reads through this process's client
+        workers = 1 if source is not None else workers_for(workers, planned=planned)
         parts = chunks(
             gpus,
             tenures,
@@ -346,15 +345,3 @@ def _audit(
         seconds=time.perf_counter() - started,
         workers=workers,
     )
-
-
-def _workers(asked: int | None, *, planned: int, source: SampleSource | None) -> int:
-    """The worker processes an audit planning to read `planned` samples uses: `asked`, or
-    one per usable CPU once the audit is large enough to win a worker's start back. An audit
-    from the metrics store reads through this process's client (`SampleSource`), so it
-    classifies here."""
-    if source is not None:
-        return 1
-    if asked is not None:
-        return max(1, asked)
-    return usable_cpus() if planned >= PARALLEL_MIN_SAMPLES else 1

@@ -4,22 +4,20 @@ the rows the run stores.
 Given the plan (`AuditPlan`: who held which card, each card's range, the window), chunks are
 independent of each other, so they run either in this process, the next chunk read while
 this one is classified (`in_process`), or in worker processes, a chunk at a time each
-(`in_workers`): reading a card's samples builds a Python object per value under the GIL, and
-classifying is numpy and pandas under the GIL too, so only processes use more than one core.
-Either way the chunks' rows come back in plan order, and the run stores the same rows.
+(`jobs.workers`, which runs `AuditPlan.run`). Either way the chunks' rows come back in plan
+order, and the run stores the same rows.
 """
 
 from __future__ import annotations
 
 import math
-import os
-import threading
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from auditor.jobs.common import nulls
+from auditor.jobs.workers import Part
 from auditor.model import Window
 from auditor.settings import Thresholds
 
@@ -34,14 +32,6 @@ the card was sampled at, not the outage's length."""
 
 SPLIT_CATEGORIES = ("compute_idle", "unallocated")
 """The categories split by cause (SPEC §10): the only pieces the audit keeps."""
-
-PARALLEL_MIN_SAMPLES = 400_000
-"""Samples an audit must plan to read before it classifies in worker processes: a worker
-costs a fork and its own memory, which a smaller audit does not win back (measured with
-`bench/bench_fleet.py`; README, Scale)."""
-
-Part = tuple[set[str], set[str]]
-"""(cards the chunk owns, cards it reads: its own and the rest of their gangs)."""
 
 
 @dataclass(frozen=True)
@@ -78,6 +68,12 @@ class AuditPlan:
     card_kind: Mapping[str, str]
     unavailable: pd.DataFrame
     waited: pd.DataFrame | None
+
+    def run(self, engine: Engine, part: Part) -> ChunkRows:
+        """One chunk read and classified on `engine`, as a worker process does it."""
+        own, context = part
+        got = read_chunk(engine, self, context)
+        return classify_chunk(self, own, context, got, read_signals(engine, self, context))
 
     @property
     def uuids(self) -> dict[int, str]:
@@ -257,84 +253,6 @@ def in_process(
                 ahead.append(submit(parts[i + 1][1]))
             yield classify_chunk(plan, own, context, got, signalling.result())
             del got
-
-
-def in_workers(url: str, plan: AuditPlan, parts: list[Part], workers: int) -> Iterator[ChunkRows]:
-    """Each part's rows, in order, each read and classified by one of `workers` processes
-    on its own connection to the store at `url`. A worker holds one chunk at a time.
-
-    Workers are forked where this process runs no other thread (the CLI: a fork shares the
-    imports and costs milliseconds), else started by a fork server (a fork of a process
-    whose other threads may hold a lock can deadlock). A worker that dies (killed for
-    memory) fails the audit with an error, before anything is stored."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-    from concurrent.futures.process import BrokenProcessPool
-
-    from auditor.errors import AuditorError
-
-    method = "fork" if threading.active_count() == 1 else "forkserver"
-    context = multiprocessing.get_context(method)
-    if method == "forkserver":
-        context.set_forkserver_preload([__name__])
-    with ProcessPoolExecutor(
-        workers, context, initializer=_start_worker, initargs=(url, plan)
-    ) as pool:
-        try:
-            yield from pool.map(_work, parts)
-        except BrokenProcessPool as e:
-            raise AuditorError(
-                "an audit worker process died (out of memory?): nothing was stored; run the"
-                " audit again with --workers 1, or give it more memory"
-            ) from e
-
-
-def usable_cpus() -> int:
-    """The CPUs this process may run on, within a cgroup's CPU quota (a container's limit,
-    which `os.cpu_count` does not see)."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    cpus = cpus or 1
-    quota = _cgroup_quota()
-    return cpus if quota is None else min(cpus, max(1, math.ceil(quota)))
-
-
-def _cgroup_quota(root: str = "/sys/fs/cgroup") -> float | None:
-    """The CPUs a cgroup's quota allows (a container's CPU limit), None where unlimited or
-    unknown: cgroup v2's `cpu.max` ("max 100000" or "<quota> <period>"), else v1's
-    `cpu.cfs_quota_us` (-1 unlimited) over `cpu.cfs_period_us`."""
-    try:
-        with open(f"{root}/cpu.max", encoding="ascii") as f:
-            quota, period = f.read().split()[:2]
-        return None if quota == "max" else int(quota) / int(period)
-    except (OSError, ValueError):
-        pass
-    try:
-        with open(f"{root}/cpu/cpu.cfs_quota_us", encoding="ascii") as f:
-            us = int(f.read())
-        with open(f"{root}/cpu/cpu.cfs_period_us", encoding="ascii") as f:
-            per = int(f.read())
-        return None if us <= 0 or per <= 0 else us / per
-    except (OSError, ValueError):
-        return None
-
-
-_worker: tuple[Engine, AuditPlan] | None = None
-"""In a worker process: its engine on the store and the run's plan."""
-
-
-def _start_worker(url: str, plan: AuditPlan) -> None:
-    from auditor.store.connection import make_engine
-
-    global _worker  # noqa: PLW0603 - one per worker process, set as the pool starts it
-    _worker = make_engine(url), plan
-
-
-def _work(part: Part) -> ChunkRows:
-    assert _worker is not None, "a worker is started with its plan"
-    engine, plan = _worker
-    own, context = part
-    got = read_chunk(engine, plan, context)
-    return classify_chunk(plan, own, context, got, read_signals(engine, plan, context))
 
 
 def held_spans(

@@ -95,44 +95,45 @@ def even_parts(
     """The shard's nodes, in node order, cut into `parts` chunks of about the same cost,
     as `audit_parts` gives them (each with the cards of its gangs on other nodes to read).
 
-    A chunk ends where the running cost of the own cards comes nearest to its share of
-    the total, and only between nodes no gang spans where there are such: a gang cut in
-    two is read and classified twice, once as context. So the nodes go in blocks that
-    no gang crosses, and a chunk ends between blocks."""
+    Chunk k ends at the node boundary nearest where the running cost of the own cards
+    reaches k / parts of the total, within half a share of it, counting as further off a
+    boundary that cuts gangs by what cutting there costs: their cards on one side are read
+    and classified again, as context, by the chunk on the other. So a cut falls between
+    nodes no gang spans where such a boundary is near, and across the smallest gangs where
+    none is (one chunk holding a whole fleet-wide gang would leave the other workers idle)."""
     nodes, node_cards, closure = _node_plan(gpus, tenures, shard=shard)
-    at = {n: i for i, n in enumerate(nodes)}
+    n = len(nodes)
+    at = {node: i for i, node in enumerate(nodes)}
+    weights = [sum(cost.get(u, 0) for u in node_cards[node]) for node in nodes]
+    prefix = [0]
+    for w in weights:
+        prefix.append(prefix[-1] + w)
+    total = prefix[-1]
     card_at = {
-        str(u): at[str(n)] for u, n in zip(gpus["uuid"], gpus["node"], strict=True) if str(n) in at
+        str(u): at[str(node)]
+        for u, node in zip(gpus["uuid"], gpus["node"], strict=True)
+        if str(node) in at
     }
-    crossed = [0] * (len(nodes) + 1)  # gangs spanning the boundary before node i
+    crossing = [0] * (n + 1)  # what a cut before node i reads twice
     for cards in tenures.groupby("gang")["gpu"].agg(set):
-        spots = [card_at[c] for c in cards if c in card_at]
-        if len(spots) > 1 and min(spots) < max(spots):
-            crossed[min(spots) + 1] += 1
-            crossed[max(spots) + 1] -= 1
-    blocks: list[tuple[set[str], int]] = []
-    spanning = 0
-    for i, node in enumerate(nodes):
-        spanning += crossed[i]
-        mine = node_cards[node]
-        if not blocks or spanning == 0:
-            blocks.append((set(), 0))
-        cards, weight = blocks[-1]
-        blocks[-1] = (cards | mine, weight + sum(cost.get(u, 0) for u in mine))
-    total = sum(w for _, w in blocks)
+        spots = sorted({card_at[c] for c in cards if c in card_at})
+        if len(spots) > 1:  # each side reads the other's cards of the gang
+            twice = sum(cost.get(c, 0) for c in cards)
+            for i in range(spots[0] + 1, spots[-1] + 1):
+                crossing[i] += twice
+    cuts: list[int] = []
+    for k in range(1, parts):
+        target, half = total * k / parts, total / parts / 2
+        near = [
+            i for i in range((cuts[-1] if cuts else 0) + 1, n) if abs(prefix[i] - target) <= half
+        ]
+        if near:
+            cuts.append(min(near, key=lambda i: (abs(prefix[i] - target) + crossing[i], i)))
     out: list[tuple[set[str], set[str]]] = []
-    own: set[str] = set()
-    running = 0
-    for cards, w in blocks:
-        # close the chunk before this block where that lands nearer its share's end
-        end = total * (len(out) + 1) / parts
-        if own and len(out) < parts - 1 and abs(running - end) <= abs(running + w - end):
+    for lo, hi in zip([0, *cuts], [*cuts, n], strict=True):
+        own = set().union(*(node_cards[node] for node in nodes[lo:hi]))
+        if own:
             out.append((own, closure(own)))
-            own = set()
-        own |= cards
-        running += w
-    if own:
-        out.append((own, closure(own)))
     return out
 
 

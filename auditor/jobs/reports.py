@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from auditor.errors import InputError
@@ -16,7 +17,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     import pandas as pd
-    from sqlalchemy import Connection
+    from sqlalchemy import Connection, Engine
 
     from auditor.classify.whatif import Policy
     from auditor.jobs.audit_chunks import Signals
@@ -377,7 +378,7 @@ def _explain(
     # its own, while the samples are read: in a forked process where this one runs no other
     # thread (both reads hold the interpreter lock for every row they build).
     beside = _BesideSamples(
-        conn.engine.url.render_as_string(hide_password=False),
+        conn.engine,
         wanted,
         uuid_of,
         sorted(uids),
@@ -432,40 +433,47 @@ def _explain(
 class _BesideSamples:
     """What `explain` reads beside the samples of the cards `wanted`: their rolled-up
     minutes, their tenants' own utilisation, and the signals of the pods `uids` and of the
-    cards over `span` (and `margin` either side), on an engine of its own at `url`."""
+    cards over `span` (and `margin` either side). In the process that made it, on `engine`;
+    in a fork of it, on an engine of its own (a fork must not touch its parent's pooled
+    connections)."""
 
-    url: str
+    engine: Engine
     wanted: list[tuple[int, int, int]]
     uuid_of: dict[int, str]
     uids: list[str]
     span: Window
     margin: int
+    pid: int = field(default_factory=os.getpid)
 
     def read(self) -> tuple[pd.DataFrame, pd.DataFrame, Signals]:
+        from auditor.store.connection import make_engine
+
+        if os.getpid() == self.pid:
+            return self._read(self.engine)
+        engine = make_engine(self.engine.url.render_as_string(hide_password=False))
+        try:
+            return self._read(engine)
+        finally:
+            engine.dispose()
+
+    def _read(self, engine: Engine) -> tuple[pd.DataFrame, pd.DataFrame, Signals]:
         from auditor.jobs.audit_chunks import Signals
         from auditor.store import reads
-        from auditor.store.connection import make_engine
         from auditor.store.rollup import read_rolled_card_samples
         from auditor.store.signals import read_card_signals, read_pod_signals
 
         cards = {i: self.uuid_of[i] for i, _, _ in self.wanted}
-        engine = make_engine(self.url)
-        try:
-            with engine.connect() as own:
-                return (
-                    read_rolled_card_samples(own, self.wanted),
-                    reads.read_tenant_util(own, self.wanted, self.uuid_of),
-                    Signals(
-                        pods=read_pod_signals(
-                            own, self.uids, window=self.span, margin_ms=self.margin
-                        ),
-                        cards=read_card_signals(
-                            own, window=self.span, margin_ms=self.margin, cards=cards
-                        ),
+        with engine.connect() as own:
+            return (
+                read_rolled_card_samples(own, self.wanted),
+                reads.read_tenant_util(own, self.wanted, self.uuid_of),
+                Signals(
+                    pods=read_pod_signals(own, self.uids, window=self.span, margin_ms=self.margin),
+                    cards=read_card_signals(
+                        own, window=self.span, margin_ms=self.margin, cards=cards
                     ),
-                )
-        finally:
-            engine.dispose()
+                ),
+            )
 
 
 def build_report_html(

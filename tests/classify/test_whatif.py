@@ -9,6 +9,7 @@ can be computed by hand: when the policy fires, which pods it stops, what they s
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -375,6 +376,35 @@ def test_same_store_same_bytes(demo_db: str) -> None:
     assert outputs["table"].count("(all)") == len(POLICIES)
     csv_lines = outputs["csv"].splitlines()
     assert csv_lines[0].startswith("policy,team,pods_stopped,false_stops,released_gpu_hours")
+
+
+def test_a_replay_in_worker_processes_is_the_replay_in_one(demo_db: str) -> None:
+    """Chunks replayed by two workers (forked, or from a fork server beside another
+    thread) sum to exactly what one process replays, pod by pod."""
+    policies = [parse_policy(p) for p in POLICIES]
+
+    def replay(workers: int) -> object:
+        return jobs.whatif(
+            demo_db, policies=policies, window=None, thresholds=Thresholds(), workers=workers
+        )
+
+    one = replay(1)
+    two = replay(2)
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait)
+    other.start()
+    try:
+        served = replay(2)
+    finally:
+        stop.set()
+        other.join()
+    for got in (two, served):
+        assert isinstance(got, WhatIf)
+        assert isinstance(one, WhatIf)
+        pd.testing.assert_frame_equal(got.rows, one.rows)
+        pd.testing.assert_frame_equal(got.stops, one.stops)
+    assert isinstance(one, WhatIf)
+    assert one.stops.shape[0] > 0, "pods were stopped: the replays compared are not empty"
 
 
 def test_outputs_agree_and_name_the_policies_side_by_side(demo_db: str) -> None:

@@ -15,7 +15,7 @@ import pytest
 from test_shards import cause_rows, load_waiting, stored
 
 from auditor import jobs
-from auditor.jobs import audit_chunks
+from auditor.jobs import workers
 from auditor.settings import Thresholds
 
 
@@ -70,7 +70,7 @@ def _same(
 CLI = """
 import os, sys
 from auditor.cli import main
-from auditor.jobs import audit_chunks
+from auditor.jobs import audit_chunks, workers
 
 classify = audit_chunks.classify_chunk
 
@@ -106,7 +106,7 @@ def test_the_cli_audits_in_workers_and_a_worker_that_dies_stores_nothing(
         args, env={**env, "KILL": "1"}, capture_output=True, text=True, check=False
     )
     assert died.returncode != 0
-    assert died.stderr.startswith("auditor: error: an audit worker process died")
+    assert died.stderr.startswith("auditor: error: a worker process died (out of memory?)")
     assert len(died.stderr.strip().splitlines()) == 1, "one line, no traceback"
     assert _runs(url) == runs, "the run before it stands, and no other was stored"
 
@@ -137,4 +137,4 @@ def test_a_containers_cpu_limit_is_read_from_its_cgroup(
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
-    assert audit_chunks._cgroup_quota(str(tmp_path)) == cpus
+    assert workers._cgroup_quota(str(tmp_path)) == cpus

@@ -167,24 +167,43 @@ def test_chunks_take_whole_nodes_within_the_budget_and_read_whole_gangs() -> Non
         assert sorted(owned) == sorted(gpus["uuid"])
 
 
-def test_chunks_for_workers_are_a_multiple_of_them_and_split_no_gang() -> None:
-    """Two workers: an even number of chunks of about equal cost, cut only between nodes
-    no gang spans (node-2 and node-3 share gang gbc), every card owned once."""
+def test_chunks_for_workers_are_even_and_cut_between_gangs_where_one_can() -> None:
+    """With workers, a multiple of them of about equal cost, every card owned once; a cut
+    moves to a boundary no gang spans where one is as near, else cuts the gang (its cards
+    then read by both chunks) rather than leave a worker idle."""
     gpus, tenures = _fleet()
     cost = dict.fromkeys(gpus["uuid"], 10)
+    # four wanted of four nodes: node-2 and node-3 are cut apart, gang gbc read by both
     parts = chunks(gpus, tenures, shard=None, budget=60, cost=cost, least=3, workers=2)
-    # four wanted, but node-2 and node-3 go together: three, none splitting gang gbc
     assert [sorted(own) for own, _ in parts] == [
-        ["G00", "G01"], ["G10", "G11"], ["G20", "G21", "G30", "G31"]
+        ["G00", "G01"], ["G10", "G11"], ["G20", "G21"], ["G30", "G31"]
     ]  # fmt: skip
-    assert all(own == ctx for own, ctx in parts), "no gang read as context"
+    assert [sorted(ctx - own) for own, ctx in parts] == [[], [], ["G30"], ["G20"]]
+
+    # five nodes of two cards, two chunks: the nearest cuts are after node-1 and after
+    # node-2, as near as each other; a gang across node-1 and node-2 moves the cut
+    five = pd.DataFrame(
+        {"uuid": [f"C{n}{i}" for n in range(5) for i in range(2)],
+         "node": [f"m{n}" for n in range(5) for _ in range(2)]}
+    )  # fmt: skip
+    cost = dict.fromkeys(five["uuid"], 10)
+    none = tenures.iloc[0:0]
+    plain = chunks(five, none, shard=None, budget=60, cost=cost, least=1, workers=2)
+    assert [len(own) // 2 for own, _ in plain] == [2, 3]
+    gang = pd.DataFrame(
+        {"gpu": ["C11", "C20"], "pod_uid": ["x", "y"], "gang": ["g", "g"],
+         "start_ms": [0, 0], "end_ms": [10, 10]}
+    )  # fmt: skip
+    moved = chunks(five, gang, shard=None, budget=60, cost=cost, least=1, workers=2)
+    assert [len(own) // 2 for own, _ in moved] == [3, 2]
+    assert all(own == ctx for own, ctx in moved), "no gang read twice"
+
     # ten nodes of 8 cards, a budget of 3 nodes, 2 workers: four chunks of about equal
     # cost, not the budget's greedy cut
     big = pd.DataFrame(
         {"uuid": [f"N{n}-{i}" for n in range(10) for i in range(8)],
          "node": [f"n{n:02}" for n in range(10) for _ in range(8)]}
     )  # fmt: skip
-    none = tenures.iloc[0:0]
     cost = dict.fromkeys(big["uuid"], 1)
     greedy = chunks(big, none, shard=None, budget=24, cost=cost, least=3, workers=1)
     assert [len(own) // 8 for own, _ in greedy] == [3, 3, 3, 1]  # 6 against 4 nodes
