@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/bench_fleet.py [--fleets 100x1,1000x1] [--memory-days 1,3,7]
         [--memory-gpus 100] [--databases sqlite,postgresql] [--keep DIR] [--profile DIR]
+        [--workers N]
 
 For each fleet (GPUs x days at a 5 s period, `bench/fleet.py`) and database, in one run:
 - ingest: every sample through the store's bulk write (`auditor.store.bulk`), a transaction
@@ -11,7 +12,9 @@ For each fleet (GPUs x days at a 5 s period, `bench/fleet.py`) and database, in 
 - floor: a plain read of the window's samples (the columns `read_card_samples` gives the
   audit: ts_ms, util, throttle_reasons, sm_active, and gpu_id to tell cards apart), fetched
   through the driver and dropped: the time just to get the rows the audit needs;
-- audit: `jobs.audit` over the window; report: `jobs.build_report` by team.
+- audit: `jobs.audit` over the window, with its worker processes as `auditor audit` picks
+  them (`--workers N` to set; its peak memory is this process's, and the largest worker's
+  beside it); report: `jobs.build_report` by team.
 Each stage runs in its own process, so its peak resident memory is its own. Then the
 audit's peak memory for 1, 3 and 7 days of `--memory-gpus` GPUs (SQLite; the window is
 the whole data). PostgreSQL is a throwaway server started as the tests start theirs.
@@ -49,6 +52,9 @@ from fleet import make_fleet, sample_batches
 
 def peak_mib():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+def workers_mib():  # the largest worker process's peak (the audit's, where it used any)
+    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
 
 def load(url, gpus, days, baseline=True):
     from auditor.store import bulk
@@ -132,7 +138,7 @@ def floor(url, start_ms, end_ms, profile=None):
         cur.close()
     return {"rows": rows, "seconds": time.perf_counter() - t}
 
-def audit(url, start_ms, end_ms, profile=None):
+def audit(url, start_ms, end_ms, profile=None, workers=None):
     from auditor import jobs
     from auditor.settings import Thresholds
     import auditor.classify.pipeline, auditor.classify.tenures, auditor.store.reads  # noqa: F401
@@ -142,7 +148,7 @@ def audit(url, start_ms, end_ms, profile=None):
         profiler = cProfile.Profile()
         profiler.enable()
     t = time.perf_counter()
-    stats = jobs.audit(url, window=(start_ms, end_ms), thresholds=Thresholds())
+    stats = jobs.audit(url, window=(start_ms, end_ms), thresholds=Thresholds(), workers=workers)
     seconds = time.perf_counter() - t
     if profile:
         profiler.disable()
@@ -159,6 +165,7 @@ def report(url, start_ms, end_ms, profile=None):
 stage, url, args = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 out = {"load": load, "floor": floor, "audit": audit, "report": report}[stage](url, *args)
 out["peak_mib"] = peak_mib()
+out["workers_mib"] = workers_mib()
 print(json.dumps(out))
 """
 
@@ -184,6 +191,7 @@ def run_fleet(
     *,
     load: dict[str, Any] | None = None,
     profile: Path | None = None,
+    workers: int | None = None,
 ) -> dict[str, Any]:
     """Every stage on a new store at `url`; with `load` (an earlier run's figures), on the
     store that run loaded there. Returns the load's figures."""
@@ -193,7 +201,7 @@ def run_fleet(
     n = load["samples"]
     window = (load["start_ms"], load["end_ms"])
     floor = stage("floor", url, *window)
-    audit = stage("audit", url, *window, str(profile) if profile else None)
+    audit = stage("audit", url, *window, str(profile) if profile else None, workers)
     report = stage("report", url, *window)
     base = "raw COPY, unindexed" if name == "postgresql" else "plain executemany, unindexed"
     print(f"\n{name}: {gpus} GPUs x {days:g} d = {n:,} samples, {load['pods']:,} pods")
@@ -213,7 +221,8 @@ def run_fleet(
     print(
         f"  audit   {audit['seconds']:7.1f} s  {audit['samples']:,} samples"
         f"  peak {audit['peak_mib']:,.0f} MiB"
-        f"   audit / floor: {audit['seconds'] / floor['seconds']:.2f}x"
+        + (f", each worker at most {audit['workers_mib']:,.0f} MiB" if audit["workers_mib"] else "")
+        + f"   audit / floor: {audit['seconds'] / floor['seconds']:.2f}x"
     )
     print(f"  report  {report['seconds']:7.1f} s  peak {report['peak_mib']:,.0f} MiB")
     if profile:
@@ -230,6 +239,9 @@ def main() -> None:
     parser.add_argument("--databases", default="sqlite,postgresql")
     parser.add_argument("--keep", type=Path, help="keep and reuse the fleets' stores here")
     parser.add_argument("--profile", type=Path, help="cProfile the audit, stats written here")
+    parser.add_argument(
+        "--workers", type=int, help="the audit's worker processes (default: as `auditor audit`)"
+    )
     args = parser.parse_args()
     databases = args.databases.split(",")
     if args.profile:
@@ -255,7 +267,13 @@ def main() -> None:
                         loaded.pop(label, None)
                         url = make_url[name](label)
                     loaded[label] = run_fleet(
-                        int(gpus), float(days), url, name, load=loaded.get(label), profile=profile
+                        int(gpus),
+                        float(days),
+                        url,
+                        name,
+                        load=loaded.get(label),
+                        profile=profile,
+                        workers=args.workers,
                     )
                     if args.keep:
                         ledger.write_text(json.dumps(loaded, indent=1))
