@@ -33,10 +33,12 @@ def hour_buckets(window: Window, bucket_ms: int = HOUR_MS) -> list[Window]:
 
 
 def bucket_rows(
-    start: IntArr, end: IntArr, *, window: Window, bucket_ms: int = HOUR_MS
+    start: IntArr, end: IntArr, *, window: Window, bucket_ms: int = HOUR_MS, sort: bool = True
 ) -> tuple[IntArr, IntArr]:
     """(row, bucket) for every bucket each `[start, end)` clipped to `window` touches, sorted
-    by bucket (the index into `hour_buckets`); rows outside the window appear in none."""
+    by bucket (the index into `hour_buckets`; stably: each bucket's rows in row order), or
+    with `sort=False` in row order, a row's buckets in time order; rows outside the window
+    appear in none."""
     first = window.start_ms // bucket_ms * bucket_ms
     lo = np.maximum(start, window.start_ms)
     hi = np.minimum(end, window.end_ms)
@@ -47,6 +49,8 @@ def bucket_rows(
     rows = np.repeat(inside, n)
     offset = np.arange(rows.size, dtype=np.int64) - np.repeat(np.cumsum(n) - n, n)
     bucket = np.repeat(k0, n) + offset
+    if not sort:
+        return rows.astype(np.int64), bucket.astype(np.int64)
     order = np.argsort(bucket, kind="stable")
     return rows[order].astype(np.int64), bucket[order].astype(np.int64)
 
@@ -97,16 +101,23 @@ def sum_results_by_hour(
     many tenures goes in groups of hours)."""
     buckets = hour_buckets(window, bucket_ms)
     first = window.start_ms // bucket_ms * bucket_ms
-    p_rows, p_bucket = bucket_rows(pieces.start, pieces.end, window=window, bucket_ms=bucket_ms)
-    r_rows, r_bucket = bucket_rows(rest.start, rest.end, window=window, bucket_ms=bucket_ms)
     n_est = 1 if pieces.estimated is None else 2
     size = (tenures.size + uuids.size) * N_CATEGORIES * n_est
     per_group = max(1, CELLS // max(size, 1))
+    # in groups, the rows sorted by bucket; in one, as they come (the sums need no order:
+    # each cell adds its rows in row order either way)
+    grouped = per_group < len(buckets)
+    p_rows, p_bucket = bucket_rows(
+        pieces.start, pieces.end, window=window, bucket_ms=bucket_ms, sort=grouped
+    )
+    r_rows, r_bucket = bucket_rows(
+        rest.start, rest.end, window=window, bucket_ms=bucket_ms, sort=grouped
+    )
     frames: list[pd.DataFrame] = []
     for g0 in range(0, len(buckets), per_group):
         g1 = min(g0 + per_group, len(buckets))
-        p = slice(*np.searchsorted(p_bucket, [g0, g1]))
-        r = slice(*np.searchsorted(r_bucket, [g0, g1]))
+        p = slice(*np.searchsorted(p_bucket, [g0, g1])) if grouped else slice(None)
+        r = slice(*np.searchsorted(r_bucket, [g0, g1])) if grouped else slice(None)
         part = _take_pieces(pieces, p_rows[p])
         plain = _take_plain(rest, r_rows[r])
         p_lo, p_hi = _bounds(p_bucket[p], first=first, window=window, bucket_ms=bucket_ms)
