@@ -307,9 +307,32 @@ def idle_causes(
     )[columns]
     if rows.empty:
         return rows.astype({"seconds": np.float64, "signalled_seconds": np.float64})
-    keys = ["gpu", "pod_uid", "category", "cause", *columns[len(CAUSE_COLUMNS) :]]
-    summed = rows.groupby(keys, dropna=False, as_index=False, sort=True)[
-        ["seconds", "signalled_seconds"]
-    ].sum()
-    summed["pod_uid"] = summed["pod_uid"].astype(object).where(summed["pod_uid"].notna(), None)
-    return summed[columns]
+    # Summed per (gpu, pod, cause[, hour]) as a groupby of those columns sorts them, but
+    # grouped by one integer made of their sorted codes: the pieces come in runs of one card,
+    # pod and cause, so only each run's first value is hashed (`run_factorize`), where a
+    # groupby of the text columns hashed every row of each.
+    keys = ["gpu", "pod_uid", "cause", *columns[len(CAUSE_COLUMNS) :]]
+    coded = [run_factorize(rows[k], sort=True) for k in keys]
+    key = np.zeros(len(rows), dtype=np.int64)
+    for codes, names in coded:
+        assert codes.size == 0 or codes.min() >= 0, "compute idle pieces name a card and pod"
+        key = key * max(len(names), 1) + codes
+    summed = rows[["seconds", "signalled_seconds"]].groupby(key, sort=True).sum()
+    at = summed.index.to_numpy(np.int64)
+    out: dict[str, object] = {}
+    for k, (_, names) in reversed(list(zip(keys, coded, strict=True))):
+        out[k] = names[at % max(len(names), 1)]
+        at = at // max(len(names), 1)
+    frame = pd.DataFrame(
+        {
+            "gpu": pd.Series(out["gpu"], dtype=object),
+            "pod_uid": pd.Series(out["pod_uid"], dtype=object),
+            "category": WasteCategory.COMPUTE_IDLE.value,
+            "cause": pd.Series(out["cause"], dtype=object),
+            "seconds": summed["seconds"].to_numpy(np.float64),
+            "signalled_seconds": summed["signalled_seconds"].to_numpy(np.float64),
+        }
+    )
+    if HOUR in columns:
+        frame[HOUR] = np.asarray(out[HOUR], dtype=np.int64)
+    return frame[columns]
