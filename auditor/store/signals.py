@@ -215,7 +215,17 @@ def write_cause_rows(conn: Connection, *, run_id: int, rows: Sequence[Mapping[st
     signalled_seconds, and hour_ms: their bucket; the run's start where not given)."""
     if rows:
         start = run_start(conn, run_id)
-        insert_many(conn, audit_causes, [{"run_id": run_id, "hour_ms": start, **r} for r in rows])
+        insert_many(
+            conn,
+            audit_causes,
+            ("run_id", "gpu_id", "pod_uid", "category", "cause", "seconds",
+             "signalled_seconds", "hour_ms"),
+            [
+                (run_id, r["gpu_id"], r.get("pod_uid"), r["category"], r["cause"], r["seconds"],
+                 r["signalled_seconds"], r.get("hour_ms", start))
+                for r in rows
+            ],
+        )  # fmt: skip
 
 
 def read_causes(conn: Connection, run_ids: Sequence[int | RunSlice]) -> pd.DataFrame:

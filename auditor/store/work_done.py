@@ -28,7 +28,16 @@ def write_sm_rows(conn: Connection, *, run_id: int, rows: Sequence[Mapping[str, 
     their bucket; the run's start where not given)."""
     if rows:
         start = run_start(conn, run_id)
-        insert_many(conn, audit_sm, [{"run_id": run_id, "hour_ms": start, **r} for r in rows])
+        insert_many(
+            conn,
+            audit_sm,
+            ("run_id", "gpu_id", "pod_uid", "sm_active_seconds", "sm_busy_seconds", "hour_ms"),
+            [
+                (run_id, r["gpu_id"], r.get("pod_uid"), r["sm_active_seconds"],
+                 r["sm_busy_seconds"], r.get("hour_ms", start))
+                for r in rows
+            ],
+        )  # fmt: skip
 
 
 def read_sm(conn: Connection, run_ids: Sequence[int | RunSlice]) -> pd.DataFrame:

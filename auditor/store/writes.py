@@ -420,12 +420,37 @@ def replace_audit_run(
             **({} if next_id is None else {"id": next_id}),
         },
     ).scalar_one()
-    result_rows = [
-        {"run_id": run_id, "estimated": False, "hour_ms": window[0], **r} for r in results
-    ]
-    insert_many(conn, audit_results, result_rows)
-    insert_many(conn, audit_findings, [{"run_id": run_id, **f} for f in findings])
+    start = window[0]
+    insert_many(
+        conn,
+        audit_results,
+        RESULT_COLUMNS,
+        [
+            (run_id, r["gpu_id"], r.get("pod_uid"), r["category"], r["seconds"], r["inferred"],
+             r.get("estimated", False), r.get("share"), r.get("hour_ms", start))
+            for r in results
+        ],
+    )  # fmt: skip
+    insert_many(
+        conn,
+        audit_findings,
+        FINDING_COLUMNS,
+        [
+            (run_id, f["kind"], f.get("gang"), f.get("gpu_id"), f.get("pod_uid"),
+             f.get("start_ms"), f.get("end_ms"), f["seconds"], f.get("detail"))
+            for f in findings
+        ],
+    )  # fmt: skip
     return int(run_id)
+
+
+RESULT_COLUMNS = (
+    "run_id", "gpu_id", "pod_uid", "category", "seconds", "inferred", "estimated", "share",
+    "hour_ms",
+)  # fmt: skip
+FINDING_COLUMNS = (
+    "run_id", "kind", "gang", "gpu_id", "pod_uid", "start_ms", "end_ms", "seconds", "detail"
+)  # fmt: skip
 
 
 def upsert_nodes(
