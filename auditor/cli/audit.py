@@ -146,7 +146,7 @@ def audit(
         typer.Option(
             "--workers",
             min=1,
-            help="Processes that read and classify parts of the fleet side by side (default: one per CPU this process may use, for an audit of 400,000 samples or more; 1: none). The stored results are the same.",
+            help="Processes that read and classify parts of the fleet side by side (default on Linux: one per CPU this process may use, for an audit of 400,000 samples or more; elsewhere 1; 1: none). The stored results are the same.",
         ),
     ] = None,
 ) -> None:

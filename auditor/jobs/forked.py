@@ -4,12 +4,14 @@ Reading rows through a database driver holds Python's interpreter lock for every
 builds, so two reads in two threads take as long as one after the other. A forked child
 runs on another core at the cost of a fork (milliseconds: the imports are shared) and of
 pickling what it returns. A fork is safe only while this process runs no other thread (one
-holding a lock at the fork would hold it in the child for ever), so with other threads the
-function runs in a thread instead: slower, the same result.
+holding a lock at the fork would hold it in the child for ever), and only on Linux (macOS's
+system libraries may crash in a forked child), so elsewhere the function runs in a thread
+instead: slower, the same result.
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -27,7 +29,7 @@ class Beside(Generic[T]):
     def __init__(self, fn: Callable[..., T], *args: Any) -> None:
         self._child: Any = None
         self._future: Future[T] | None = None
-        if threading.active_count() == 1:
+        if sys.platform.startswith("linux") and threading.active_count() == 1:
             import multiprocessing
 
             context = multiprocessing.get_context("fork")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import threading
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
@@ -40,10 +41,14 @@ class ChunkWork(Protocol[R_co]):
 
 
 def workers_for(asked: int | None, *, planned: int) -> int:
-    """The worker processes a job planning to read `planned` samples uses: `asked`, or one
-    per usable CPU once the job is large enough to win a worker's start back."""
+    """The worker processes a job planning to read `planned` samples uses: `asked`, or on
+    Linux one per usable CPU once the job is large enough to win a worker's start back.
+    Elsewhere (a laptop's macOS) none unless asked: a fork there may crash in the system's
+    libraries, and a spawned worker costs its imports."""
     if asked is not None:
         return max(1, asked)
+    if not sys.platform.startswith("linux"):
+        return 1
     return usable_cpus() if planned >= PARALLEL_MIN_SAMPLES else 1
 
 
@@ -53,15 +58,14 @@ def in_workers(url: str, work: ChunkWork[R], parts: Sequence[Part], workers: int
 
     Workers are forked where this process runs no other thread (the CLI: a fork shares the
     imports and costs milliseconds), else started by a fork server (a fork of a process
-    whose other threads may hold a lock can deadlock). A worker that dies (killed for
-    memory) fails the job with an error."""
+    whose other threads may hold a lock can deadlock); see `start_method`. A worker that
+    dies (killed for memory) fails the job with an error."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
     from concurrent.futures.process import BrokenProcessPool
 
-    method = "fork" if threading.active_count() == 1 else "forkserver"
-    context = multiprocessing.get_context(method)
-    if method == "forkserver":
+    context = multiprocessing.get_context(start_method())
+    if context.get_start_method() == "forkserver":
         context.set_forkserver_preload([__name__, type(work).__module__])
     with ProcessPoolExecutor(workers, context, initializer=_start, initargs=(url, work)) as pool:
         try:
@@ -71,6 +75,14 @@ def in_workers(url: str, work: ChunkWork[R], parts: Sequence[Part], workers: int
                 "a worker process died (out of memory?): nothing was stored; run it again"
                 " with --workers 1, or give it more memory"
             ) from e
+
+
+def start_method() -> str:
+    """How a worker process starts: forked on Linux while this process runs no other
+    thread, from a fork server while it does; spawned elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return "spawn"
+    return "fork" if threading.active_count() == 1 else "forkserver"
 
 
 def usable_cpus() -> int:

@@ -138,3 +138,27 @@ def test_a_containers_cpu_limit_is_read_from_its_cgroup(
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
     assert workers._cgroup_quota(str(tmp_path)) == cpus
+
+
+@pytest.mark.parametrize(
+    ("platform", "asked", "planned", "threads", "expected"),
+    [
+        ("linux", None, 10**9, 1, (2, "fork")),
+        ("linux", None, 1_000, 1, (1, "fork")),  # too small to win a worker's start back
+        ("linux", 3, 1_000, 2, (3, "forkserver")),  # asked for; another thread is running
+        ("darwin", None, 10**9, 1, (1, "spawn")),  # a laptop: none unless asked
+        ("darwin", 2, 10**9, 1, (2, "spawn")),
+    ],
+)
+def test_how_many_workers_and_how_they_start(
+    monkeypatch: pytest.MonkeyPatch,
+    platform: str,
+    asked: int | None,
+    planned: int,
+    threads: int,
+    expected: tuple[int, str],
+) -> None:
+    monkeypatch.setattr(workers.sys, "platform", platform)
+    monkeypatch.setattr(workers, "usable_cpus", lambda: 2)
+    monkeypatch.setattr(workers.threading, "active_count", lambda: threads)
+    assert (workers.workers_for(asked, planned=planned), workers.start_method()) == expected
