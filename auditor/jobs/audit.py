@@ -228,7 +228,7 @@ def _audit(
     result_rows: list[dict[str, object]] = []
     finding_rows: list[dict[str, object]] = []
     sm_rows: list[dict[str, object]] = []
-    cause_rows_: list[dict[str, object]] = []
+    causes: list[dict[str, object]] = []
     free_kept: list[pd.DataFrame] = []
     n_samples = n_gpus = 0
     rolled = 0.0
@@ -290,14 +290,14 @@ def _audit(
     workers = max(1, min(workers, len(parts)))
     if workers > 1:
         engine.dispose()  # no connection of this process is open in a forked worker
-        done = in_workers(engine.url.render_as_string(hide_password=False), plan, parts, workers)
+        done = in_workers(engine, plan, parts, workers)
     else:
         done = in_process(engine, plan, parts, None if source is None else source.samples)
     for rows in done:
         result_rows += rows.results
         finding_rows += rows.findings
         sm_rows += rows.sm
-        cause_rows_ += rows.causes
+        causes += rows.causes
         free_kept.append(rows.free)
         n_samples += rows.samples
         n_gpus += rows.gpus
@@ -305,9 +305,7 @@ def _audit(
     shares = pd.concat(free_kept, ignore_index=True) if free_kept else None
     if shares is not None:
         free_time = split_free(shares, demand=waited)
-        cause_rows_ += cause_rows(
-            free_cause_frame(free_time, demand_known=not tenures.empty), gpu_ids
-        )
+        causes += cause_rows(free_cause_frame(free_time, demand_known=not tenures.empty), gpu_ids)
     with engine.begin() as conn:
         run_id = replace_audit_run(
             conn,
@@ -323,7 +321,7 @@ def _audit(
             cluster=cluster,
         )
         write_sm_rows(conn, run_id=run_id, rows=sm_rows)
-        write_cause_rows(conn, run_id=run_id, rows=cause_rows_)
+        write_cause_rows(conn, run_id=run_id, rows=causes)
         if shard is not None:  # the shard completing the window splits every one's at once
             if shares is not None:
                 keep_free_shares(conn, run_id=run_id, shares=shares, gpu_ids=gpu_ids)

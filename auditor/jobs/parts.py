@@ -101,7 +101,7 @@ def even_parts(
     and classified again, as context, by the chunk on the other. So a cut falls between
     nodes no gang spans where such a boundary is near, and across the smallest gangs where
     none is (one chunk holding a whole fleet-wide gang would leave the other workers idle)."""
-    nodes, node_cards, closure = _node_plan(gpus, tenures, shard=shard)
+    nodes, node_cards, gang_cards, closure = _node_plan(gpus, tenures, shard=shard)
     n = len(nodes)
     at = {node: i for i, node in enumerate(nodes)}
     weights = [sum(cost.get(u, 0) for u in node_cards[node]) for node in nodes]
@@ -115,7 +115,7 @@ def even_parts(
         if str(node) in at
     }
     crossing = [0] * (n + 1)  # what a cut before node i reads twice
-    for cards in tenures.groupby("gang")["gpu"].agg(set):
+    for cards in gang_cards:
         spots = sorted({card_at[c] for c in cards if c in card_at})
         if len(spots) > 1:  # each side reads the other's cards of the gang
             twice = sum(cost.get(c, 0) for c in cards)
@@ -151,7 +151,7 @@ def audit_parts(
     chunk takes nodes while the cost (samples expected) of its cards to read stays within
     `budget`, and at least one node. Without `cost` every card costs 1.
     """
-    nodes, node_cards, closure = _node_plan(gpus, tenures, shard=shard)
+    nodes, node_cards, _, closure = _node_plan(gpus, tenures, shard=shard)
 
     def weight(cards: set[str]) -> int:
         return len(cards) if cost is None else sum(cost.get(u, 0) for u in cards)
@@ -172,9 +172,9 @@ def audit_parts(
 
 def _node_plan(
     gpus: pd.DataFrame, tenures: pd.DataFrame, *, shard: tuple[int, int] | None
-) -> tuple[list[str], dict[str, set[str]], Callable[[set[str]], set[str]]]:
-    """The shard's nodes in order, each node's cards, and the closure of a set of cards
-    over their gangs (the cards to read with them)."""
+) -> tuple[list[str], dict[str, set[str]], list[set[str]], Callable[[set[str]], set[str]]]:
+    """The shard's nodes in order, each node's cards, each gang's cards, and the closure of
+    a set of cards over their gangs (the cards to read with them)."""
     nodes = sorted({str(n) for n in gpus["node"]})
     if shard is not None:
         nodes = [n for n in nodes if shard_of(n, shard[1]) == shard[0]]
@@ -192,4 +192,4 @@ def _node_plan(
                 out |= gang_cards[gang]
         return out
 
-    return nodes, node_cards, closure
+    return nodes, node_cards, list(gang_cards), closure

@@ -124,8 +124,7 @@ def replay_stored(
     )
     workers = max(1, min(workers, len(parts)))
     if workers > 1:
-        url = conn.engine.url.render_as_string(hide_password=False)
-        per_pod = list(in_workers(url, plan, parts, workers))
+        per_pod = list(in_workers(conn.engine, plan, parts, workers))
     else:
         per_pod = list(_in_process(conn.engine, plan, parts))
     rows = pd.concat(per_pod, ignore_index=True) if per_pod else pd.DataFrame(columns=POD_OUT)

@@ -52,9 +52,11 @@ def workers_for(asked: int | None, *, planned: int) -> int:
     return usable_cpus() if planned >= PARALLEL_MIN_SAMPLES else 1
 
 
-def in_workers(url: str, work: ChunkWork[R], parts: Sequence[Part], workers: int) -> Iterator[R]:
-    """`work.run` of each part, in order, by `workers` processes each with an engine on
-    the store at `url`. A worker holds one chunk at a time.
+def in_workers(
+    engine: Engine, work: ChunkWork[R], parts: Sequence[Part], workers: int
+) -> Iterator[R]:
+    """`work.run` of each part, in order, by `workers` processes each with an engine of its
+    own on the store `engine` is on. A worker holds one chunk at a time.
 
     Workers are forked where this process runs no other thread (the CLI: a fork shares the
     imports and costs milliseconds), else started by a fork server (a fork of a process
@@ -67,6 +69,7 @@ def in_workers(url: str, work: ChunkWork[R], parts: Sequence[Part], workers: int
     context = multiprocessing.get_context(start_method())
     if context.get_start_method() == "forkserver":
         context.set_forkserver_preload([__name__, type(work).__module__])
+    url = engine.url.render_as_string(hide_password=False)
     with ProcessPoolExecutor(workers, context, initializer=_start, initargs=(url, work)) as pool:
         try:
             yield from pool.map(_run, parts)
