@@ -140,7 +140,11 @@ def run_factorize(values: pd.Series, *, sort: bool = False) -> tuple[IntArr, Obj
     if objects.size == 0:
         return empty_int(), np.zeros(0, dtype=object)
     first = np.ones(objects.size, dtype=np.bool_)
-    first[1:] = objects[1:] != objects[:-1]
+    try:
+        first[1:] = objects[1:] != objects[:-1]
+    except TypeError:  # pd.NA compares to NA, not to a bool: hash every value instead
+        codes, uniques = pd.factorize(objects, sort=sort)
+        return codes.astype(np.int64), np.asarray(uniques, dtype=object)
     at = np.flatnonzero(first)
     codes, uniques = pd.factorize(objects[at], sort=sort)
     out: IntArr = np.repeat(codes.astype(np.int64), np.diff(np.append(at, objects.size)))

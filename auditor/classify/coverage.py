@@ -25,7 +25,15 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from auditor.classify.arrays import BoolArr, FloatArr, IntArr, ObjArr, order_by, starts_of
+from auditor.classify.arrays import (
+    BoolArr,
+    FloatArr,
+    IntArr,
+    ObjArr,
+    order_by,
+    run_factorize,
+    starts_of,
+)
 from auditor.settings import Thresholds
 
 
@@ -112,8 +120,10 @@ def gpu_codes(values: pd.Series) -> tuple[IntArr, ObjArr]:
 
 
 def _throttle_codes(values: pd.Series) -> tuple[IntArr, ObjArr]:
-    """Throttle reasons as codes into their sorted distinct texts; blank or missing → -1."""
-    codes, uniques = pd.factorize(values.astype(object), sort=True)
+    """Throttle reasons as codes into their sorted distinct texts; blank or missing → -1.
+    A card's reasons stay the same for long runs of samples: only each run's first is
+    hashed (`run_factorize`)."""
+    codes, uniques = run_factorize(values, sort=True)
     names = np.array([str(u) for u in uniques], dtype=object)
     blank = np.array([not n.strip() for n in names.tolist()], dtype=np.bool_)
     codes = codes.astype(np.int64)

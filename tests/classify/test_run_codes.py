@@ -11,12 +11,18 @@ from hypothesis import strategies as st
 from auditor.classify.arrays import run_factorize, run_isin
 
 NAMES = st.sampled_from(["GPU-a", "GPU-b", "pod-1", "pod-2", "", None])
+MISSING = st.sampled_from([None, float("nan"), pd.NA])
+DTYPES = st.sampled_from([object, "str", "string"])
 
 
 @settings(max_examples=200, deadline=None)
-@given(values=st.lists(NAMES, max_size=40), sort=st.booleans())
-def test_run_factorize_is_pandas_factorize(values: list[str | None], sort: bool) -> None:
-    series = pd.Series(values, dtype=object)
+@given(values=st.lists(NAMES, max_size=40), sort=st.booleans(), missing=MISSING, dtype=DTYPES)
+def test_run_factorize_is_pandas_factorize(
+    values: list[str | None], sort: bool, missing: object, dtype: object
+) -> None:
+    """Whatever a column's dtype and however its missing values are spelt (a CSV's NaN, a
+    store's None, a nullable string's NA, which compares to NA rather than to a bool)."""
+    series = pd.Series([missing if v is None else v for v in values], dtype=dtype)
     codes, names = run_factorize(series, sort=sort)
     want_codes, want_names = pd.factorize(series.to_numpy(dtype=object), sort=sort)
     assert codes.tolist() == want_codes.tolist()
