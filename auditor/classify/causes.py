@@ -42,7 +42,7 @@ from enum import StrEnum
 import numpy as np
 import pandas as pd
 
-from auditor.classify.arrays import run_factorize, run_isin
+from auditor.classify.arrays import run_factorize
 from auditor.classify.free_time import (
     HOUR,
     FreeCause,
@@ -96,6 +96,13 @@ Values = dict[str, np.ndarray]
 """Signal column -> its value at each piece (float, NaN where none is recent)."""
 
 
+def _text_runs(values: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    """`run_factorize` of the values as text: the pieces come grouped by card and pod, so
+    only their runs' keys are hashed, and only the distinct ones made text."""
+    codes, names = run_factorize(values)
+    return codes, np.array([str(n) for n in names], dtype=object)
+
+
 def _at(
     pieces: pd.DataFrame,
     signals: pd.DataFrame | None,
@@ -108,33 +115,31 @@ def _at(
     of several sources (a `source` column: the sampler's cgroup reading, cAdvisor, a
     server's gauges) are read apart, so that one source's row never hides another's: the
     first source in name order with a recent value gives it."""
-    out = {c: np.full(len(pieces), np.nan) for c in columns}
+    n = len(pieces)
     if signals is None or signals.empty:
-        return out
+        return _unknown(columns, n)
     if "mid_ms" in pieces.columns:  # the whole piece's midpoint, however a window cut it
         mid = pieces["mid_ms"].to_numpy(np.int64)
     else:
         mid = (pieces["start_ms"].to_numpy(np.int64) + pieces["end_ms"].to_numpy(np.int64)) // 2
-    # the pieces come grouped by card and pod: only their runs' keys are hashed, once
-    p_runs, p_names = run_factorize(pieces[key].astype(str))
+    p_runs, p_names = _text_runs(pieces[key])
     if "source" not in signals.columns:
-        return _at_source(out, p_runs, p_names, mid, signals, key=key, stale_ms=stale_ms)
+        return _at_source(columns, p_runs, p_names, mid, signals, key=key, stale_ms=stale_ms)
+    out: Values = {}
     for _, rows in signals.groupby("source", sort=True):
         got = _at_source(
-            {c: np.full(len(pieces), np.nan) for c in columns},
-            p_runs,
-            p_names,
-            mid,
-            rows.drop(columns="source"),
-            key=key,
-            stale_ms=stale_ms,
+            columns, p_runs, p_names, mid, rows.drop(columns="source"), key=key, stale_ms=stale_ms
         )
-        out = {c: np.where(np.isnan(v), got[c], v) for c, v in out.items()}
-    return out
+        out = got if not out else {c: np.where(np.isnan(v), got[c], v) for c, v in out.items()}
+    return out or _unknown(columns, n)
+
+
+def _unknown(columns: tuple[str, ...], n: int) -> Values:
+    return {c: np.full(n, np.nan) for c in columns}
 
 
 def _at_source(
-    out: Values,
+    columns: tuple[str, ...],
     p_runs: np.ndarray,
     p_names: np.ndarray,
     mid: np.ndarray,
@@ -143,9 +148,10 @@ def _at_source(
     key: str,
     stale_ms: int,
 ) -> Values:
-    """`_at` of one source's rows, into `out` (NaN columns): the pieces' keys as run codes
-    of `p_names`, their midpoints `mid`."""
-    have = [c for c in out if c in signals.columns]
+    """`_at` of one source's rows: the pieces' keys as run codes of `p_names`, their
+    midpoints `mid`; NaN for the `columns` the rows do not carry."""
+    have = [c for c in columns if c in signals.columns]
+    out = _unknown(tuple(c for c in columns if c not in have), mid.size)
     if not have:
         return out
     right = signals[[key, "ts_ms", *have]].dropna(subset=[key, "ts_ms"])
@@ -171,7 +177,7 @@ def _at_source(
     for c in have:
         values = right[c].to_numpy(dtype=np.float64, na_value=np.nan)
         out[c] = np.where(hit, values[row], np.nan)
-    return out
+    return {c: out[c] for c in columns}
 
 
 def split_compute_idle(
@@ -184,8 +190,12 @@ def split_compute_idle(
 ) -> pd.DataFrame:
     """One row per `compute_idle` piece: its span, its cause, the signal that decided it
     (`""` for `unexplained`), its seconds, and whether any signal was recorded for it."""
+    # compared as arrays, and the pods by their runs' codes (-1: nobody held the card):
+    # pandas' comparison and notna of a text column cost more than the rules below
+    held, _ = run_factorize(pieces["pod_uid"])
     idle = pieces[
-        (pieces["category"] == WasteCategory.COMPUTE_IDLE.value) & pieces["pod_uid"].notna()
+        (pieces["category"].to_numpy(dtype=object) == WasteCategory.COMPUTE_IDLE.value)
+        & (held >= 0)
     ]
     if idle.empty:
         columns = [*IDLE_COLUMNS, HOUR] if HOUR in pieces.columns else IDLE_COLUMNS
@@ -200,7 +210,8 @@ def split_compute_idle(
     link = np.where(np.isnan(card["pcie_link_bytes_s"]), t.pcie_default_bytes_s,
                     card["pcie_link_bytes_s"])  # fmt: skip
     # per run of pieces, not per piece: half a million pieces share a few hundred pods
-    gang = run_isin(idle["pod_uid"].astype(str), set(multi_card_pods))
+    pod_runs, pod_names = _text_runs(idle["pod_uid"])
+    gang = np.append(np.isin(pod_names, list(set(multi_card_pods))), False)[pod_runs]
     running, waiting = pod["requests_running"], pod["requests_waiting"]
     serving = ~np.isnan(running) | ~np.isnan(waiting)
     queued = np.nan_to_num(running) + np.nan_to_num(waiting) > 0
@@ -228,8 +239,8 @@ def split_compute_idle(
         ("serving_queue", IdleCause.BATCHING, serving & queued),
         ("serving_idle", IdleCause.LOW_DEMAND, serving & ~queued),
     ]
-    cause = np.full(len(idle), IdleCause.UNEXPLAINED.value, dtype=object)
-    deciding = np.full(len(idle), "", dtype=object)
+    cause = _filled(len(idle), IdleCause.UNEXPLAINED.value)
+    deciding = _filled(len(idle), "")
     open_ = np.ones(len(idle), dtype=bool)
     for name, verdict, holds in rules:
         hit = open_ & holds
@@ -253,6 +264,13 @@ def split_compute_idle(
     )
     if HOUR in idle.columns:  # pieces cut at the hour grid keep their bucket
         out[HOUR] = idle[HOUR].to_numpy(dtype=np.int64)
+    return out
+
+
+def _filled(n: int, text: str) -> np.ndarray:
+    """An object array of `n` times the one `text` (`np.full` makes a new string per row)."""
+    out = np.empty(n, dtype=object)
+    out.fill(text)
     return out
 
 

@@ -76,21 +76,22 @@ def bucketise(pieces: pd.DataFrame, *, span: Window, buckets: int = 600) -> list
     n = max(1, min(buckets, (hi - lo) // 1000))
     edges = np.linspace(lo, hi, n + 1).round().astype(np.int64)
     fe = edges.astype(np.float64)
-    held = pieces[pieces["pod_uid"].notna()]
-    if held.empty:
-        return []
     # whole columns as codes, one sort, then a walk over the runs of (card, pod, category):
-    # grouping strings in pandas per card cost more than the integrals
-    card, cards = run_factorize(held["gpu"], sort=True)
-    pod, pods = run_factorize(held["pod_uid"], sort=True)
-    cat, cats = pd.factorize(held["category"])
-    starts = held["start_ms"].to_numpy(dtype=np.float64)
-    at = held["start_ms"].to_numpy(dtype=np.int64)
-    order = order_by(card, pod, cat, at - at.min())
-    card, pod, cat = card[order], pod[order], cat[order]
-    starts = starts[order]
-    ends = held["end_ms"].to_numpy(dtype=np.float64)[order]
-    amounts = held["seconds"].to_numpy(dtype=np.float64)[order]
+    # grouping strings in pandas per card cost more than the integrals. The pods' run codes
+    # also tell the held pieces (-1: nobody held the card).
+    pod, pods = run_factorize(pieces["pod_uid"], sort=True)
+    rows = np.flatnonzero(pod >= 0)
+    if rows.size == 0:
+        return []
+    card, cards = run_factorize(pieces["gpu"].iloc[rows], sort=True)
+    cat, cats = pd.factorize(pieces["category"].to_numpy(dtype=object)[rows])
+    at = pieces["start_ms"].to_numpy(dtype=np.int64)[rows]
+    order = order_by(card, pod[rows], cat, at - at.min())
+    take = rows[order]
+    card, pod, cat = card[order], pod[take], cat[order]
+    starts = pieces["start_ms"].to_numpy(dtype=np.float64)[take]
+    ends = pieces["end_ms"].to_numpy(dtype=np.float64)[take]
+    amounts = pieces["seconds"].to_numpy(dtype=np.float64)[take]
     bounds = [*np.flatnonzero(starts_of(card, pod, cat)).tolist(), card.size]
     out: list[CardTimeline] = []
     sec: dict[str, FloatArr] = {}
