@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from auditor.errors import InputError
@@ -14,10 +13,10 @@ from auditor.model import DEFAULT_CLUSTER, RunSlice, Window
 from auditor.settings import Config, Thresholds
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Collection, Sequence
 
     import pandas as pd
-    from sqlalchemy import Connection, Engine
+    from sqlalchemy import Connection
 
     from auditor.classify.whatif import Policy
     from auditor.jobs.audit_chunks import Signals
@@ -348,7 +347,6 @@ def _explain(
     from auditor.classify.pipeline import classify
     from auditor.classify.rollup import with_rolled
     from auditor.jobs.audit_chunks import NEIGHBOUR_SAMPLES
-    from auditor.jobs.forked import Beside
     from auditor.jobs.parts import READ_MARGIN_MS
     from auditor.report.explain import build_explanation
     from auditor.report.targets import resolve_target
@@ -374,21 +372,11 @@ def _explain(
     held_span = Window(int(mine["start_ms"].min()), int(mine["end_ms"].max()))
     margin = round(thresholds.signal_stale_s * 1000) + READ_MARGIN_MS
 
-    # What the classification and the causes read beside the samples, on a connection of
-    # its own, while the samples are read: in a forked process where this one runs no other
-    # thread (both reads hold the interpreter lock for every row they build).
-    beside = _BesideSamples(
-        conn.engine,
-        wanted,
-        uuid_of,
-        sorted(uids),
-        held_span,
-        margin,
-    )
-    rest = Beside(beside.read)
     # read as the audit reads a card (its hot path, and the same neighbours at the edges)
     raw = reads.read_card_samples(conn, wanted, uuid_of, neighbours=NEIGHBOUR_SAMPLES)
-    rolled, activity, signals = rest.result()
+    rolled, activity, signals = _read_beside_samples(
+        conn, wanted, uuid_of, uids=uids, span=held_span, margin=margin
+    )
     samples = with_rolled(raw, rolled)
     # the other tenants of a shared card decide the target's part of it (SPEC §7)
     on_cards = tenures[tenures["gpu"].isin(cards) & ~tenures.index.isin(gang.index)]
@@ -403,7 +391,8 @@ def _explain(
         activity=activity,
     )
     assert found.pieces is not None
-    pieces = found.pieces[run_isin(found.pieces["pod_uid"], uids)]
+    theirs = run_isin(found.pieces["pod_uid"], uids)
+    pieces = found.pieces if bool(theirs.all()) else found.pieces[theirs]
     if pieces.empty:
         raise InputError(f"no GPU samples of {label}'s cards", field="JOB_OR_POD")
     lo, hi = int(pieces["start_ms"].min()), int(pieces["end_ms"].max())
@@ -429,51 +418,36 @@ def _explain(
     )
 
 
-@dataclass(frozen=True)
-class _BesideSamples:
+def _read_beside_samples(
+    conn: Connection,
+    wanted: list[tuple[int, int, int]],
+    uuid_of: dict[int, str],
+    *,
+    uids: Collection[str],
+    span: Window,
+    margin: int,
+) -> tuple[pd.DataFrame, pd.DataFrame, Signals]:
     """What `explain` reads beside the samples of the cards `wanted`: their rolled-up
     minutes, their tenants' own utilisation, and the signals of the pods `uids` and of the
-    cards over `span` (and `margin` either side). In the process that made it, on `engine`;
-    in a fork of it, on an engine of its own (a fork must not touch its parent's pooled
-    connections)."""
+    cards over `span` (and `margin` either side).
 
-    engine: Engine
-    wanted: list[tuple[int, int, int]]
-    uuid_of: dict[int, str]
-    uids: list[str]
-    span: Window
-    margin: int
-    pid: int = field(default_factory=os.getpid)
+    Read in this process, after the samples: a forked reader beside them cost more than it
+    saved, since every page of this process's heap the classification then wrote took a
+    copy-on-write fault."""
+    from auditor.jobs.audit_chunks import Signals
+    from auditor.store import reads
+    from auditor.store.rollup import read_rolled_card_samples
+    from auditor.store.signals import read_card_signals, read_pod_signals
 
-    def read(self) -> tuple[pd.DataFrame, pd.DataFrame, Signals]:
-        from auditor.store.connection import make_engine
-
-        if os.getpid() == self.pid:
-            return self._read(self.engine)
-        engine = make_engine(self.engine.url.render_as_string(hide_password=False))
-        try:
-            return self._read(engine)
-        finally:
-            engine.dispose()
-
-    def _read(self, engine: Engine) -> tuple[pd.DataFrame, pd.DataFrame, Signals]:
-        from auditor.jobs.audit_chunks import Signals
-        from auditor.store import reads
-        from auditor.store.rollup import read_rolled_card_samples
-        from auditor.store.signals import read_card_signals, read_pod_signals
-
-        cards = {i: self.uuid_of[i] for i, _, _ in self.wanted}
-        with engine.connect() as own:
-            return (
-                read_rolled_card_samples(own, self.wanted),
-                reads.read_tenant_util(own, self.wanted, self.uuid_of),
-                Signals(
-                    pods=read_pod_signals(own, self.uids, window=self.span, margin_ms=self.margin),
-                    cards=read_card_signals(
-                        own, window=self.span, margin_ms=self.margin, cards=cards
-                    ),
-                ),
-            )
+    cards = {i: uuid_of[i] for i, _, _ in wanted}
+    return (
+        read_rolled_card_samples(conn, wanted),
+        reads.read_tenant_util(conn, wanted, uuid_of),
+        Signals(
+            pods=read_pod_signals(conn, sorted(uids), window=span, margin_ms=margin),
+            cards=read_card_signals(conn, window=span, margin_ms=margin, cards=cards),
+        ),
+    )
 
 
 def build_report_html(
