@@ -12,14 +12,13 @@ from sqlalchemy import Connection, Select, and_, func, select
 from auditor.model import RunSlice, Window
 from auditor.store.hours import parts_condition
 from auditor.store.hours import run_ids as hour_runs
-from auditor.store.keyscan import CardRange, scan_card_ranges
+from auditor.store.keyscan import CardRange, driver_cursor, scan_card_ranges
 from auditor.store.schema import (
     audit_findings,
     audit_results,
     audit_runs,
     gpu_assignments,
     gpu_samples,
-    gpu_tenant_util,
     gpus,
     nodes,
     pods,
@@ -219,29 +218,41 @@ def read_tenant_util(
 ) -> pd.DataFrame:
     """Per-pod utilisation of each card inside its own range (the `wanted` ranges of
     `read_card_samples`), as gpu (UUID), pod_uid, ts_ms, util (percent of the whole card,
-    NaN where unread), sorted by card, time and pod."""
-    cols = ["gpu", "pod_uid", "ts_ms", "util"]
-    parts: list[pd.DataFrame] = []
-    for gpu_id, lo, hi in ranges:
-        stmt = (
-            select(gpu_tenant_util.c.pod_uid, gpu_tenant_util.c.ts_ms, gpu_tenant_util.c.util)
-            .where(
-                gpu_tenant_util.c.gpu_id == gpu_id,
-                gpu_tenant_util.c.ts_ms >= lo,
-                gpu_tenant_util.c.ts_ms < hi,
-            )
-            .order_by(gpu_tenant_util.c.ts_ms, gpu_tenant_util.c.pod_uid)
-        )
-        part = _frame(conn, stmt, cols[1:])
-        if len(part):
-            part.insert(0, "gpu", uuids[gpu_id])
-            parts.append(part)
-    df = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=cols)
-    df["gpu"] = df["gpu"].astype(object)
-    df["pod_uid"] = df["pod_uid"].astype(object)
-    df["ts_ms"] = df["ts_ms"].astype("int64")
-    df["util"] = pd.to_numeric(df["util"], errors="coerce").astype("float64")
-    return df
+    NaN where unread), sorted by card, time and pod.
+
+    Through the driver, one statement a range, as `keyscan` reads cards: a statement built
+    and run through SQLAlchemy per card cost more than the rows, which most cards have none
+    of (only shared cards record them)."""
+    mark = "%s" if conn.dialect.name == "postgresql" else "?"
+    query = (
+        "SELECT pod_uid, ts_ms, util FROM gpu_tenant_util"
+        f" WHERE gpu_id = {mark} AND ts_ms >= {mark} AND ts_ms < {mark} ORDER BY ts_ms, pod_uid"
+    )
+    parts: list[np.ndarray] = []
+    names: list[str] = []
+    cur = driver_cursor(conn)
+    try:
+        for gpu_id, lo, hi in ranges:
+            cur.execute(query, (gpu_id, lo, hi))
+            found = cur.fetchall()
+            if found:
+                parts.append(np.fromiter(found, dtype=_TENANT_ROW, count=len(found)))
+                names.append(uuids[gpu_id])
+    finally:
+        cur.close()
+    rows = np.concatenate(parts) if parts else np.zeros(0, dtype=_TENANT_ROW)
+    gpu = np.repeat(np.array(names, dtype=object), [p.size for p in parts])
+    return pd.DataFrame(
+        {
+            "gpu": pd.Series(gpu, dtype=object),
+            "pod_uid": pd.Series(rows["pod_uid"], dtype=object),
+            "ts_ms": rows["ts_ms"],
+            "util": rows["util"],
+        }
+    )
+
+
+_TENANT_ROW = np.dtype([("pod_uid", object), ("ts_ms", np.int64), ("util", np.float64)])
 
 
 def sample_span(conn: Connection, *, cluster: str | None = None) -> tuple[int, int] | None:
