@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from auditor import jobs
+from auditor.allocator import keep_freed_memory
 from auditor.classify.policy import parse_policy
 from auditor.jobs.audit_chunks import NEIGHBOUR_SAMPLES
 from auditor.report.summary import GroupBy
@@ -63,6 +64,7 @@ def widest_job(url: str) -> tuple[str, Callable[[], object]]:
 
 
 def main() -> int:
+    keep_freed_memory()  # this process asks glibc for memory as `auditor`'s commands do
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--db", help="store URL (default: build the large preset)")
     parser.add_argument("--rounds", type=int, default=3)

@@ -101,8 +101,13 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
+SERVICES = frozenset({"sample", "watch"})
+"""The commands that run until stopped (a DaemonSet, a Deployment); every other one ends."""
+
+
 @app.callback()
 def root(
+    ctx: typer.Context,
     db: Annotated[
         str | None,
         typer.Option(
@@ -127,6 +132,10 @@ def root(
     ] = False,
 ) -> None:
     """GPU scheduling-waste auditor."""
+    if ctx.invoked_subcommand not in SERVICES:
+        from auditor.allocator import keep_freed_memory
+
+        keep_freed_memory()
     try:
         state.db_url = db or default_db_url()
     except AuditorError as e:
