@@ -21,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
+from collections.abc import Mapping
 
 M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
@@ -48,7 +49,7 @@ def keep_freed_memory() -> bool:
     )
 
 
-def _tuned_by_user(environ: os._Environ[str] | dict[str, str]) -> bool:
+def _tuned_by_user(environ: Mapping[str, str]) -> bool:
     return any(k.startswith("MALLOC_") for k in environ) or "glibc.malloc." in environ.get(
         "GLIBC_TUNABLES", ""
     )

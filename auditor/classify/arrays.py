@@ -154,7 +154,11 @@ def run_factorize(values: pd.Series, *, sort: bool = False) -> tuple[IntArr, Obj
 def run_isin(values: pd.Series, wanted: Collection[object]) -> BoolArr:
     """`values.isin(wanted)` as an array, testing only the first value of each run (a
     missing value is never in)."""
-    codes, uniques = run_factorize(values)
-    hit = np.append(pd.Series(uniques, dtype=object).isin(list(wanted)).to_numpy(), False)
-    out: BoolArr = hit[codes]  # code -1 (missing) reads the appended False
+    return codes_in(*run_factorize(values), wanted)
+
+
+def codes_in(codes: IntArr, names: ObjArr, wanted: Collection[object]) -> BoolArr:
+    """Per code into `names`, whether its name is in `wanted` (code -1, missing: never)."""
+    hit = np.append(pd.Series(names, dtype=object).isin(list(wanted)).to_numpy(), False)
+    out: BoolArr = hit[codes]  # code -1 reads the appended False
     return out

@@ -42,7 +42,7 @@ from enum import StrEnum
 import numpy as np
 import pandas as pd
 
-from auditor.classify.arrays import run_factorize
+from auditor.classify.arrays import codes_in, run_factorize
 from auditor.classify.free_time import (
     HOUR,
     FreeCause,
@@ -108,13 +108,15 @@ def _at(
     signals: pd.DataFrame | None,
     *,
     key: str,
+    keys: tuple[np.ndarray, np.ndarray],
     columns: tuple[str, ...],
     stale_ms: int,
 ) -> Values:
     """Each signal column's value at each piece's midpoint (NaN where none is recent). Rows
     of several sources (a `source` column: the sampler's cgroup reading, cAdvisor, a
     server's gauges) are read apart, so that one source's row never hides another's: the
-    first source in name order with a recent value gives it."""
+    first source in name order with a recent value gives it. `keys`: the pieces' `key` column
+    as `_text_runs` codes it."""
     n = len(pieces)
     if signals is None or signals.empty:
         return _unknown(columns, n)
@@ -122,7 +124,7 @@ def _at(
         mid = pieces["mid_ms"].to_numpy(np.int64)
     else:
         mid = (pieces["start_ms"].to_numpy(np.int64) + pieces["end_ms"].to_numpy(np.int64)) // 2
-    p_runs, p_names = _text_runs(pieces[key])
+    p_runs, p_names = keys
     if "source" not in signals.columns:
         return _at_source(columns, p_runs, p_names, mid, signals, key=key, stale_ms=stale_ms)
     out: Values = {}
@@ -204,14 +206,28 @@ def split_compute_idle(
             | ({HOUR: np.int64} if HOUR in pieces.columns else {})
         )
     stale = round(thresholds.signal_stale_s * 1000)
-    pod = _at(idle, pod_signals, key="pod_uid", columns=POD_SIGNALS, stale_ms=stale)
-    card = _at(idle, card_signals, key="gpu", columns=CARD_SIGNALS, stale_ms=stale)
+    pod_runs, pod_names = _text_runs(idle["pod_uid"])
+    pod = _at(
+        idle,
+        pod_signals,
+        key="pod_uid",
+        keys=(pod_runs, pod_names),
+        columns=POD_SIGNALS,
+        stale_ms=stale,
+    )
+    card = _at(
+        idle,
+        card_signals,
+        key="gpu",
+        keys=_text_runs(idle["gpu"]),
+        columns=CARD_SIGNALS,
+        stale_ms=stale,
+    )
     t = thresholds
     link = np.where(np.isnan(card["pcie_link_bytes_s"]), t.pcie_default_bytes_s,
                     card["pcie_link_bytes_s"])  # fmt: skip
     # per run of pieces, not per piece: half a million pieces share a few hundred pods
-    pod_runs, pod_names = _text_runs(idle["pod_uid"])
-    gang = np.append(np.isin(pod_names, list(set(multi_card_pods))), False)[pod_runs]
+    gang = codes_in(pod_runs, pod_names, set(multi_card_pods))
     running, waiting = pod["requests_running"], pod["requests_waiting"]
     serving = ~np.isnan(running) | ~np.isnan(waiting)
     queued = np.nan_to_num(running) + np.nan_to_num(waiting) > 0

@@ -152,7 +152,8 @@ def _idle_causes(idle: pd.DataFrame | None) -> pd.DataFrame:
     # pandas sums over the same rows in the same order
     cause, causes = run_factorize(idle["cause"], sort=True)
     deciding, decidings = run_factorize(idle["deciding"], sort=True)
-    key = cause * max(len(decidings), 1) + deciding
+    width = max(len(decidings), 1)
+    key = cause * width + deciding
     summed = (
         idle[["seconds", "start_ms", "end_ms"]]
         .groupby(key, sort=True)
@@ -161,8 +162,8 @@ def _idle_causes(idle: pd.DataFrame | None) -> pd.DataFrame:
     at = summed.index.to_numpy(np.int64)
     per = pd.DataFrame(
         {
-            "cause": causes[at // max(len(decidings), 1)],
-            "deciding": decidings[at % max(len(decidings), 1)],
+            "cause": causes[at // width],
+            "deciding": decidings[at % width],
             "seconds": summed["seconds"].to_numpy(),
             "start_ms": summed["start_ms"].to_numpy(),
             "end_ms": summed["end_ms"].to_numpy(),

@@ -27,9 +27,11 @@ def scan_card_ranges(
     ranges: Sequence[CardRange],
     *,
     neighbours: int = 0,
+    order: str = "",
 ) -> list[tuple[int, np.ndarray]]:
     """(GPU id, rows) per range of `ranges` that holds any, in the order given: `columns`
-    of `table` (the first is `ts_ms`), as arrays of dtype `row`.
+    of `table` (the first is `ts_ms`), as arrays of dtype `row`; a range's rows in key order,
+    or by `order` (an ORDER BY list) where the key does not lead with time.
 
     With `neighbours` = k, also the card's last k rows before its range and first k after
     it, however far (two index seeks). Ranges of one card that overlap read their common
@@ -37,6 +39,8 @@ def scan_card_ranges(
     mark = "%s" if conn.dialect.name == "postgresql" else "?"
     head = f"SELECT {', '.join(columns)} FROM {table}"
     query = f"{head} WHERE gpu_id = {mark} AND ts_ms >= {mark} AND ts_ms < {mark}"
+    if order:
+        query += f" ORDER BY {order}"
     before = f"{head} WHERE gpu_id = {mark} AND ts_ms < {mark} ORDER BY ts_ms DESC LIMIT {mark}"
     after = f"{head} WHERE gpu_id = {mark} AND ts_ms >= {mark} ORDER BY ts_ms LIMIT {mark}"
     parts: list[tuple[int, np.ndarray]] = []

@@ -12,7 +12,7 @@ from sqlalchemy import Connection, Select, and_, func, select
 from auditor.model import RunSlice, Window
 from auditor.store.hours import parts_condition
 from auditor.store.hours import run_ids as hour_runs
-from auditor.store.keyscan import CardRange, driver_cursor, scan_card_ranges
+from auditor.store.keyscan import CardRange, scan_card_ranges
 from auditor.store.schema import (
     audit_findings,
     audit_results,
@@ -220,26 +220,19 @@ def read_tenant_util(
     `read_card_samples`), as gpu (UUID), pod_uid, ts_ms, util (percent of the whole card,
     NaN where unread), sorted by card, time and pod.
 
-    Through the driver, one statement a range, as `keyscan` reads cards: a statement built
-    and run through SQLAlchemy per card cost more than the rows, which most cards have none
-    of (only shared cards record them)."""
-    mark = "%s" if conn.dialect.name == "postgresql" else "?"
-    query = (
-        "SELECT pod_uid, ts_ms, util FROM gpu_tenant_util"
-        f" WHERE gpu_id = {mark} AND ts_ms >= {mark} AND ts_ms < {mark} ORDER BY ts_ms, pod_uid"
+    Read as the samples are (`keyscan`): a statement built and run through SQLAlchemy per
+    card cost more than the rows, which most cards have none of (only shared cards record
+    them)."""
+    found = scan_card_ranges(
+        conn,
+        "gpu_tenant_util",
+        ("pod_uid", "ts_ms", "util"),
+        _TENANT_ROW,
+        ranges,
+        order="ts_ms, pod_uid",
     )
-    parts: list[np.ndarray] = []
-    names: list[str] = []
-    cur = driver_cursor(conn)
-    try:
-        for gpu_id, lo, hi in ranges:
-            cur.execute(query, (gpu_id, lo, hi))
-            found = cur.fetchall()
-            if found:
-                parts.append(np.fromiter(found, dtype=_TENANT_ROW, count=len(found)))
-                names.append(uuids[gpu_id])
-    finally:
-        cur.close()
+    parts = [rows for _, rows in found]
+    names = [uuids[gpu_id] for gpu_id, _ in found]
     rows = np.concatenate(parts) if parts else np.zeros(0, dtype=_TENANT_ROW)
     gpu = np.repeat(np.array(names, dtype=object), [p.size for p in parts])
     return pd.DataFrame(
