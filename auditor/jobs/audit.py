@@ -23,6 +23,8 @@ from auditor.jobs.parts import (
     READ_MARGIN_MS,
     card_ranges,
     chunks,
+    part_costs,
+    planned_cost,
 )
 from auditor.jobs.workers import in_workers, workers_for
 from auditor.model import DEFAULT_CLUSTER, Window
@@ -217,6 +219,7 @@ def _audit(
 
     from auditor.classify.causes import free_cause_frame
     from auditor.classify.free_time import card_maps, keyed_demand, split_free
+    from auditor.store import reads
     from auditor.store.demand import read_demand
     from auditor.store.free_split import keep_free_shares, settle_free_split
     from auditor.store.placement import held_tenures
@@ -256,7 +259,11 @@ def _audit(
         ranges = card_ranges(gpus, tenures, window=audited)
         gpu_ids = {str(u): int(i) for u, i in zip(gpus["uuid"], gpus["id"], strict=True)}
         period_ms = max(1, round(thresholds.default_period_s * 1000))
-        cost = {u: (hi - lo) // period_ms for u, (lo, hi) in ranges.items()}
+        stored = None
+        if source is None:  # the rows each card's range will read, not its length
+            held = reads.stored_spans(conn, cluster=cluster)
+            stored = {u: held[i] for u, i in gpu_ids.items() if i in held}
+        cost = planned_cost(ranges, period_ms=period_ms, stored=stored)
         planned = sum(cost.values())
         # an audit from the metrics store reads through this process's client
         workers = 1 if source is not None else workers_for(workers, planned=planned)
@@ -290,7 +297,7 @@ def _audit(
     workers = max(1, min(workers, len(parts)))
     if workers > 1:
         engine.dispose()  # no connection of this process is open in a forked worker
-        done = in_workers(engine, plan, parts, workers)
+        done = in_workers(engine, plan, parts, workers, costs=part_costs(parts, cost))
     else:
         done = in_process(engine, plan, parts, None if source is None else source.samples)
     for rows in done:

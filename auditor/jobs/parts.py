@@ -4,13 +4,15 @@ frames in, plans out; the audit and whatif jobs follow the plan."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
 from auditor.model import Window
 
 if TYPE_CHECKING:
     import pandas as pd
+
+    from auditor.store.reads import StoredSpan
 
 AUDIT_CHUNK_SAMPLES = 2_000_000
 """Samples classified together, at most (unless one node and its gangs need more): memory
@@ -54,6 +56,46 @@ def card_ranges(gpus: pd.DataFrame, tenures: pd.DataFrame, *, window: Window) ->
         b = max(end_ms, int(hi[uuid])) if uuid in hi.index else end_ms
         out[uuid] = Window(a - READ_MARGIN_MS, b + READ_MARGIN_MS)
     return out
+
+
+def planned_cost(
+    ranges: Mapping[str, tuple[int, int]],
+    *,
+    period_ms: int,
+    stored: Mapping[str, StoredSpan] | None = None,
+) -> dict[str, int]:
+    """Per card, the samples reading its range `[lo, hi)` is expected to give: the range at
+    the sampling period, or with `stored` (what the store holds of each card) the part of
+    the range the card's raw samples span at the period, plus the rolled-up minutes it
+    spans (a card the store holds nothing of costs nothing).
+
+    Chunks are cut at equal cost and a worker's chunk is as slow as the rows it reads: a
+    window of days over cards the store holds one of, or a node sampled only for an hour,
+    made equal ranges of very unequal rows, and one worker alone at the end."""
+    if stored is None:
+        return {u: (hi - lo) // period_ms for u, (lo, hi) in ranges.items()}
+    out: dict[str, int] = {}
+    for uuid, (lo, hi) in ranges.items():
+        span = stored.get(uuid)
+        if span is None:
+            out[uuid] = 0
+            continue
+        raw = _overlap(lo, hi, span.first_ms, span.last_ms) // period_ms
+        minutes = _overlap(lo, hi, span.first_minute_ms, span.last_minute_ms) // 60_000
+        out[uuid] = raw + minutes
+    return out
+
+
+def part_costs(parts: list[tuple[set[str], set[str]]], cost: Mapping[str, int]) -> list[int]:
+    """Each part's cost: of every card it reads (its own and their gangs' others)."""
+    return [sum(cost.get(u, 0) for u in context) for _, context in parts]
+
+
+def _overlap(lo: int, hi: int, first: int | None, last: int | None) -> int:
+    """How long `[lo, hi)` overlaps `[first, last]` (0 where either end is None)."""
+    if first is None or last is None:
+        return 0
+    return max(0, min(hi, last) - max(lo, first))
 
 
 def chunks(

@@ -87,7 +87,7 @@ def replay_stored(
     import pandas as pd
 
     from auditor.classify.whatif import POD_OUT, in_play, summarise
-    from auditor.jobs.parts import MIN_CHUNKS, chunks
+    from auditor.jobs.parts import MIN_CHUNKS, chunks, part_costs, planned_cost
     from auditor.store import reads
     from auditor.store.placement import held_tenures
     from auditor.store.rollup import rollup_span
@@ -102,7 +102,9 @@ def replay_stored(
     hi = over.groupby("gpu")["end_ms"].max().clip(lower=window[1]) + READ_MARGIN_MS
     ranges = {str(u): (int(lo[u]), int(hi[u])) for u in lo.index}
     period_ms = max(1, round(thresholds.default_period_s * 1000))
-    cost = {u: (b - a) // period_ms for u, (a, b) in ranges.items()}
+    held = reads.stored_spans(conn, cluster=cluster)  # the rows a range reads, not its length
+    stored = {u: held[gpu_ids[u]] for u in ranges if gpu_ids[u] in held}
+    cost = planned_cost(ranges, period_ms=period_ms, stored=stored)
     workers = workers_for(workers, planned=sum(cost.values()))
     parts = chunks(
         gpus[gpus["uuid"].isin(ranges)],
@@ -124,7 +126,8 @@ def replay_stored(
     )
     workers = max(1, min(workers, len(parts)))
     if workers > 1:
-        per_pod = list(in_workers(conn.engine, plan, parts, workers))
+        costs = part_costs(parts, cost)
+        per_pod = list(in_workers(conn.engine, plan, parts, workers, costs=costs))
     else:
         per_pod = list(_in_process(conn.engine, plan, parts))
     rows = pd.concat(per_pod, ignore_index=True) if per_pod else pd.DataFrame(columns=POD_OUT)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -19,6 +19,7 @@ from auditor.store.schema import (
     audit_runs,
     gpu_assignments,
     gpu_samples,
+    gpu_samples_1m,
     gpus,
     nodes,
     pods,
@@ -265,6 +266,37 @@ def sample_span(conn: Connection, *, cluster: str | None = None) -> tuple[int, i
     if lo is None:
         return None
     return int(lo), int(hi)
+
+
+class StoredSpan(NamedTuple):
+    """What the store holds of one card: its first and last raw sample, and its first and
+    last rolled-up minute (None where it holds none)."""
+
+    first_ms: int | None
+    last_ms: int | None
+    first_minute_ms: int | None
+    last_minute_ms: int | None
+
+
+def stored_spans(conn: Connection, *, cluster: str | None = None) -> dict[int, StoredSpan]:
+    """Per card (of `cluster`), by GPU id, the span of its raw samples and of its rolled-up
+    minutes: four key seeks a card, as `sample_span` reads, not a scan."""
+    s, m = gpu_samples.alias("s"), gpu_samples_1m.alias("m")
+    raw = select(s.c.ts_ms).where(s.c.gpu_id == gpus.c.id).correlate(gpus)
+    rolled = select(m.c.minute_ms).where(m.c.gpu_id == gpus.c.id).correlate(gpus)
+    stmt = select(
+        gpus.c.id,
+        raw.order_by(s.c.ts_ms).limit(1).scalar_subquery(),
+        raw.order_by(s.c.ts_ms.desc()).limit(1).scalar_subquery(),
+        rolled.order_by(m.c.minute_ms).limit(1).scalar_subquery(),
+        rolled.order_by(m.c.minute_ms.desc()).limit(1).scalar_subquery(),
+    )
+    if cluster is not None:
+        stmt = stmt.where(gpus.c.cluster == cluster)
+    return {
+        int(gpu_id): StoredSpan(*(None if v is None else int(v) for v in ends))
+        for gpu_id, *ends in conn.execute(stmt)
+    }
 
 
 def clusters(conn: Connection) -> list[str]:

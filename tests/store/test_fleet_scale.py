@@ -19,6 +19,7 @@ from auditor import jobs
 from auditor.jobs.parts import chunks
 from auditor.model import GpuRecord
 from auditor.report.offenders import stragglers
+from auditor.settings import Thresholds
 from auditor.store import bulk, migrate, reads
 from auditor.store.connection import make_engine
 from auditor.store.schema import gpu_samples
@@ -292,3 +293,39 @@ def test_a_straggler_without_throttle_data_still_reports() -> None:
     got = stragglers(findings).set_index("job")
     assert got.loc["j1", "straggler_throttle"] == ""
     assert got.loc["j2", "straggler_throttle"] != ""
+
+
+def test_a_cards_planned_cost_is_the_rows_its_range_reads(engine: Engine) -> None:
+    """Chunks are cut at equal cost, so a card costs the samples the store holds of it
+    inside its range, not the range's length: a card sampled for an hour of a day's window
+    costs an hour, a card whose samples were rolled up costs a row a minute, a card the
+    store holds nothing of costs nothing."""
+    from auditor.jobs.parts import planned_cost
+    from auditor.store.rollup import rollup
+
+    ids = _gpus(engine, 4)
+    hour = 3_600_000
+    _write(engine, _frame(ids[:1], range(0, 24 * 720)))  # a day at 5 s
+    _write(engine, _frame(ids[1:2], range(6 * 720, 7 * 720)))  # the seventh hour only
+    _write(engine, _frame(ids[2:3], range(0, 24 * 720)))  # a day, the first 12 h rolled up
+    with engine.begin() as conn:
+        rollup(conn, before_ms=12 * hour, thresholds=Thresholds(), gpu_ids=[ids[2]])
+    with engine.connect() as conn:
+        held = reads.stored_spans(conn)
+    assert held[ids[3]] == (None, None, None, None)
+    assert held[ids[1]] == (6 * hour, 7 * hour - 5_000, None, None)
+    assert held[ids[2]][2:] == (0, 12 * hour - 60_000)
+
+    stored = {f"GPU-{i}": held[g] for i, g in enumerate(ids)}
+    day = {f"GPU-{i}": (0, 24 * hour) for i in range(4)}
+    cost = planned_cost(day, period_ms=5_000, stored=stored)
+    assert cost["GPU-0"] == 24 * 720 - 1  # its first to its last reading
+    assert cost["GPU-1"] == 720 - 1
+    assert cost["GPU-2"] == 12 * 720 - 1 + 12 * 60 - 1  # raw half, and a row a minute
+    assert cost["GPU-3"] == 0
+    # a range past the stored samples costs only its overlap; without what the store
+    # holds (an audit from the metrics store), every card costs its range at the period
+    late = planned_cost({"GPU-1": (6 * hour + 1_800_000, 30 * hour)}, period_ms=5_000,
+                        stored=stored)  # fmt: skip
+    assert late == {"GPU-1": 360 - 1}
+    assert planned_cost(day, period_ms=5_000) == dict.fromkeys(day, 24 * 720)
