@@ -53,31 +53,47 @@ def workers_for(asked: int | None, *, planned: int) -> int:
 
 
 def in_workers(
-    engine: Engine, work: ChunkWork[R], parts: Sequence[Part], workers: int
+    engine: Engine,
+    work: ChunkWork[R],
+    parts: Sequence[Part],
+    workers: int,
+    *,
+    costs: Sequence[int] | None = None,
 ) -> Iterator[R]:
     """`work.run` of each part, in order, by `workers` processes each with an engine of its
     own on the store `engine` is on. A worker holds one chunk at a time.
+
+    With `costs` (each part's expected rows, `parts.planned_cost` summed over the cards it
+    reads), the costliest parts are handed out first, so the workers end together: taken
+    in order, a large part last left one worker with it while the others sat idle. The
+    results still come back in part order.
 
     Workers are forked where this process runs no other thread (the CLI: a fork shares the
     imports and costs milliseconds), else started by a fork server (a fork of a process
     whose other threads may hold a lock can deadlock); see `start_method`. A worker that
     dies (killed for memory) fails the job with an error."""
     import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures import Future, ProcessPoolExecutor
     from concurrent.futures.process import BrokenProcessPool
 
     context = multiprocessing.get_context(start_method())
     if context.get_start_method() == "forkserver":
         context.set_forkserver_preload([__name__, type(work).__module__])
     url = engine.url.render_as_string(hide_password=False)
+    order = sorted(range(len(parts)), key=lambda i: (-costs[i], i)) if costs else range(len(parts))
     with ProcessPoolExecutor(workers, context, initializer=_start, initargs=(url, work)) as pool:
+        running: dict[int, Future[R]] = {i: pool.submit(_run, parts[i]) for i in order}
         try:
-            yield from pool.map(_run, parts)
+            for i in range(len(parts)):
+                yield running.pop(i).result()
         except BrokenProcessPool as e:
             raise AuditorError(
                 "a worker process died (out of memory?): nothing was stored; run it again"
                 " with --workers 1, or give it more memory"
             ) from e
+        finally:
+            for left in running.values():
+                left.cancel()
 
 
 def start_method() -> str:

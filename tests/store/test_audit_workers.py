@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 import threading
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -109,6 +111,27 @@ def test_the_cli_audits_in_workers_and_a_worker_that_dies_stores_nothing(
     assert died.stderr.startswith("auditor: error: a worker process died (out of memory?)")
     assert len(died.stderr.strip().splitlines()) == 1, "one line, no traceback"
     assert _runs(url) == runs, "the run before it stands, and no other was stored"
+
+
+@dataclass(frozen=True)
+class _Stamp:
+    """A chunk's work that says when it ran (a worker process's clock, one worker)."""
+
+    def run(self, engine: object, part: workers.Part) -> tuple[str, int]:
+        return min(part[0]), time.monotonic_ns()
+
+
+def test_the_costliest_chunks_go_first_and_results_come_back_in_order(tmp_path: Path) -> None:
+    """Parts taken in order can leave one worker alone with a large last part; handed out
+    costliest first, the workers end together. What the job gets is in part order still."""
+    parts = [({name}, {name}) for name in ("a", "b", "c", "d")]
+    engine = jobs.open_store(f"sqlite:///{tmp_path / 'w.db'}")
+    got = list(workers.in_workers(engine, _Stamp(), parts, 1, costs=[5, 40, 5, 20]))
+    assert [name for name, _ in got] == ["a", "b", "c", "d"]
+    ran = [name for name, _ in sorted(got, key=lambda r: r[1])]
+    assert ran == ["b", "d", "a", "c"], "costliest first, ties in part order"
+    plain = list(workers.in_workers(engine, _Stamp(), parts, 1))
+    assert [name for name, _ in sorted(plain, key=lambda r: r[1])] == ["a", "b", "c", "d"]
 
 
 def _runs(url: str) -> list[int]:
