@@ -276,6 +276,8 @@ def piece_frame(
     pod_uid = np.full(keep.size, None, dtype=object)
     pod_uid[held] = tenures.pods[pod[held]]
     names = np.array([str(c) for c in CATEGORIES], dtype=object)
+    # copy=False: the columns are this call's own arrays, kept as they are, where a copy
+    # would gather them into one block per dtype (every object reference written again)
     return pd.DataFrame(
         {
             "gpu": pd.Series(uuids[gpu], dtype=object),
@@ -285,5 +287,6 @@ def piece_frame(
             "category": pd.Series(names[category], dtype=object),
             "seconds": part,
             "mid_ms": mid.astype(np.int64, copy=False),
-        }
+        },
+        copy=False,
     )
