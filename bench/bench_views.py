@@ -3,8 +3,15 @@
 On one database (default: the `large` preset, 64 GPUs over a day, built with `auditor demo
 --scenario large --keep`), in turn, `--rounds` times: the audit of the whole window, the
 HTML report, one `whatif` policy, `explain` of the job with the most cards, and the floor
-of that explain, reading its cards' samples as the audit does. Each is timed in this one
-process (imports warm), and the medians and their ratios are printed from the same run.
+of that explain, reading its cards' samples as the audit does. The medians and their ratios
+are printed from the same run.
+
+Each step is timed in a process of its own, forked from this one with the modules it uses
+imported, as each command runs in a process of its own (imports aside). Timed one after
+another in one process, a step paid for the one before it: a step after the audit's or
+`whatif`'s worker processes were forked wrote to heap pages they had shared, a page fault
+each (22-25 thousand more in `explain` right after `whatif` than in the next `explain`),
+while `explain`'s floor, timed after `explain`, ran on a warm heap.
 
     .venv/bin/python bench/bench_views.py [--db sqlite:///PATH] [--rounds 3]
 """
@@ -12,13 +19,18 @@ process (imports warm), and the medians and their ratios are printed from the sa
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib
+import multiprocessing
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import TypeVar
 
 from auditor import jobs
 from auditor.allocator import keep_freed_memory
@@ -28,6 +40,8 @@ from auditor.report.summary import GroupBy
 from auditor.settings import Thresholds
 from auditor.store import reads
 from auditor.store.placement import held_tenures
+
+T = TypeVar("T")
 
 
 def build(root: Path) -> str:
@@ -63,6 +77,57 @@ def widest_job(url: str) -> tuple[str, Callable[[], object]]:
     return f"{ns}/{job}", read
 
 
+def preload(steps: Iterable[Callable[[], object]]) -> None:
+    """Import here what the steps import: each runs once, untimed, in a process of its own,
+    which names the modules it imported. So no timed step pays an import, and none runs
+    beside modules it does not use (their objects are the heap a step's collector walks)."""
+    for step in steps:
+        for name in _run_alone(_imported_by, step):
+            if not name.endswith("__main__"):  # which would run a program
+                with contextlib.suppress(ImportError):
+                    importlib.import_module(name)
+
+
+def _imported_by(step: Callable[[], object]) -> list[str]:
+    before = set(sys.modules)
+    step()
+    return sorted(set(sys.modules) - before)
+
+
+def alone(step: Callable[[], object]) -> float:
+    """Seconds `step` takes in a process of its own, forked from this one."""
+    return float(_run_alone(_timed, step))
+
+
+def _timed(step: Callable[[], object]) -> float:
+    started = time.perf_counter()
+    step()
+    return time.perf_counter() - started
+
+
+def _run_alone(run: Callable[[Callable[[], object]], T], step: Callable[[], object]) -> T:
+    """`run(step)` in a child forked from this process."""
+    fork = multiprocessing.get_context("fork")
+    ours, theirs = fork.Pipe(duplex=False)
+    child = fork.Process(target=_send, args=(run, step, theirs))
+    child.start()
+    theirs.close()
+    try:
+        got: T = ours.recv()
+    except EOFError:
+        child.join()
+        raise SystemExit(f"a step died in its process (exit code {child.exitcode})") from None
+    child.join()
+    return got
+
+
+def _send(
+    run: Callable[[Callable[[], object]], object], step: Callable[[], object], out: Connection
+) -> None:
+    out.send(run(step))
+    out.close()
+
+
 def main() -> int:
     keep_freed_memory()  # this process asks glibc for memory as `auditor`'s commands do
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -86,11 +151,10 @@ def main() -> int:
             "read its samples": read,
         }
         times: dict[str, list[float]] = {name: [] for name in steps}
+        preload(steps.values())
         for _ in range(args.rounds):
             for name, step in steps.items():
-                started = time.perf_counter()
-                step()
-                times[name].append(time.perf_counter() - started)
+                times[name].append(alone(step))
         med = {name: statistics.median(t) for name, t in times.items()}
         for name, t in times.items():
             print(f"{name:<40} median {med[name]:6.2f} s  ({', '.join(f'{x:.2f}' for x in t)})")
