@@ -56,6 +56,20 @@ def order_by(*keys: IntArr) -> IntArr:
     return np.lexsort(tuple(reversed(keys))).astype(np.int64, copy=False)
 
 
+def ascending(*keys: IntArr) -> bool:
+    """Whether the rows are already in order by the keys, most significant first (ties
+    allowed): where they are, `order_by` would return every row where it stands."""
+    if keys[0].size < 2:
+        return True
+    decided = np.zeros(keys[0].size - 1, dtype=np.bool_)  # an earlier key already orders
+    for key in keys:
+        before, after = key[:-1], key[1:]
+        if bool(np.any(~decided & (before > after))):
+            return False
+        decided |= before < after
+    return True
+
+
 def starts_of(*keys: IntArr) -> BoolArr:
     """True on each row where any key differs from the row before (and on the first row)."""
     n = keys[0].size

@@ -31,11 +31,24 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import pandas as pd
 
-from auditor.classify.arrays import order_by, run_factorize, run_isin, starts_of
+from auditor.classify.arrays import (
+    INT_MIN,
+    BoolArr,
+    FloatArr,
+    IntArr,
+    ObjArr,
+    ascending,
+    order_by,
+    run_factorize,
+    run_isin,
+    starts_of,
+)
 from auditor.classify.policy import Policy, parse_policy
 from auditor.model import WasteCategory, Window
 from auditor.settings import Thresholds
@@ -72,16 +85,18 @@ def card_rows(pieces: pd.DataFrame) -> pd.DataFrame:
             frame[str(c)] = pd.Series([], dtype=np.float64)
         return frame
     # One sort by codes and one pass of sums, where pandas grouped five keys and unstacked
-    # them: the pieces come sorted by card and pod, so only their runs' names are hashed.
+    # them: the pieces come sorted by card and pod, so only their runs' names are hashed,
+    # and the classifier's come in this order already (only another's are sorted).
     gpu, gpu_names = run_factorize(held["gpu"], sort=True)
     pod, pod_names = run_factorize(held["pod_uid"], sort=True)
     category, category_names = pd.factorize(held["category"])
     start = held["start_ms"].to_numpy(dtype=np.int64)
     end = held["end_ms"].to_numpy(dtype=np.int64)
     seconds = held["seconds"].to_numpy(dtype=np.float64)
-    order = order_by(gpu, pod, start - start.min(), end - end.min())
-    gpu, pod, start, end = gpu[order], pod[order], start[order], end[order]
-    category, seconds = category[order], seconds[order]
+    if not ascending(gpu, pod, start, end):
+        order = order_by(gpu, pod, start - start.min(), end - end.min())
+        gpu, pod, start, end = gpu[order], pod[order], start[order], end[order]
+        category, seconds = category[order], seconds[order]
     first = starts_of(gpu, pod, start, end)
     group = np.cumsum(first) - 1
     at = np.flatnonzero(first)
@@ -234,12 +249,11 @@ def replay_pods(
     pod = uids[code]
     gang_u = gang_of.reindex(uids)
     gang = gang_u.to_numpy(dtype=object)[code]
-    team = info["team"].reindex(uids).fillna("").astype(str).to_numpy(dtype=object)[code]
+    team_u = info["team"].reindex(uids).fillna("").astype(str).to_numpy(dtype=object)
     label_u = pd.Series(uids, dtype=object)
     if {"namespace", "name"} <= set(info.columns):  # namespace/name, as people know the pod
         names = (info["namespace"].astype(str) + "/" + info["name"].astype(str)).reindex(uids)
         label_u = names.fillna(label_u.set_axis(names.index)).reset_index(drop=True)
-    label = label_u.to_numpy(dtype=object)[code]
     start = rows["start_ms"].to_numpy(dtype=np.int64)
     end = rows["end_ms"].to_numpy(dtype=np.int64)
     length = np.maximum(end - start, 1).astype(np.float64)
@@ -266,7 +280,8 @@ def replay_pods(
     out: list[pd.DataFrame] = []
     for number, policy in enumerate(policies):
         eligible_pods = present["uid"][_in_scope(present, policy)]
-        pod_eligible = uid_series.isin(eligible_pods).to_numpy(dtype=np.bool_)[code]
+        eligible_u = uid_series.isin(eligible_pods).to_numpy(dtype=np.bool_)
+        pod_eligible = eligible_u[code]
         scope = gang_u.isin(gang_of.reindex(eligible_pods)).to_numpy(dtype=np.bool_)[code]
 
         idle = observed & policy.idle(util, thresholds)
@@ -290,38 +305,29 @@ def replay_pods(
         after = np.where(stopped, after / length, 0.0)
         released = cat_seconds * after[:, None]
 
-        per_row = pd.DataFrame(
-            {
-                "pod_uid": code,
-                "pod": label,
-                "gang": gang,
-                "team": team,
-                "eligible": pod_eligible,
-                "stop_ms": stop_ms,
-                "held_after": stopped & (end > stop_row),
-                "active_after": stopped & active & (end > stop_row),
-                "lost": busy * after,
-                "released": released.sum(axis=1),
-                "held_idle": idle_held,
-                "streak": np.where(pod_eligible & (end > w0) & (start < w1), cum, 0),
-                **{_released_col(c): released[:, i] for i, c in enumerate(RELEASED)},
-            }
-        )[scope]
-        per_pod = per_row.groupby("pod_uid", sort=True).agg(
-            pod=("pod", "first"),
-            gang=("gang", "first"),
-            team=("team", "first"),
-            eligible=("eligible", "any"),
-            stop_ms=("stop_ms", "first"),
-            held_after=("held_after", "any"),
-            active_after=("active_after", "any"),
-            lost=("lost", "sum"),
-            released=("released", "sum"),
-            held_idle=("held_idle", "sum"),
-            streak=("streak", "max"),
-            **{_released_col(c): (_released_col(c), "sum") for c in RELEASED},
+        scoped = released[scope]
+        per_pod = _per_pod(
+            code[scope],
+            uids=uids,
+            each={
+                "pod": label_u.to_numpy(dtype=object),
+                "gang": gang_u.to_numpy(dtype=object),
+                "team": team_u,
+                "eligible": eligible_u,
+                "stop_ms": first_stop.reindex(gang_u).to_numpy(dtype=np.float64),
+            },
+            any_of={
+                "held_after": (stopped & (end > stop_row))[scope],
+                "active_after": (stopped & active & (end > stop_row))[scope],
+            },
+            sums={
+                "lost": (busy * after)[scope],
+                "released": scoped.sum(axis=1),
+                "held_idle": idle_held[scope],
+                **{_released_col(c): scoped[:, i] for i, c in enumerate(RELEASED)},
+            },
+            most={"streak": np.where(pod_eligible & (end > w0) & (start < w1), cum, 0)[scope]},
         )
-        per_pod.index = pd.Index(uids[per_pod.index.to_numpy()], name="pod_uid")
         stop = per_pod["stop_ms"].to_numpy(dtype=np.float64)
         counts = per_pod["held_after"].to_numpy(dtype=np.bool_) & (stop >= w0) & (stop < w1)
         per_pod["stopped"] = counts
@@ -334,6 +340,38 @@ def replay_pods(
     if not out:
         return pd.DataFrame(columns=POD_OUT)
     return pd.concat(out, ignore_index=True)
+
+
+def _per_pod(
+    code: IntArr,
+    *,
+    uids: ObjArr,
+    each: dict[str, npt.NDArray[Any]],
+    any_of: dict[str, BoolArr],
+    sums: dict[str, FloatArr],
+    most: dict[str, IntArr],
+) -> pd.DataFrame:
+    """One row per pod among the rows' `code`s (into `uids`), indexed by pod_uid in code
+    order: `each` pod's own value (arrays over `uids`), whether `any_of` its rows is true,
+    the `sums` of its rows (pandas' compensated sums, in row order) and the `most` of them.
+
+    By codes, where a groupby took the first of each pod's repeated names per row."""
+    seen = np.bincount(code, minlength=uids.size) > 0
+    present = np.flatnonzero(seen)
+    at = (np.cumsum(seen) - 1)[code]
+    out: dict[str, npt.NDArray[Any]] = {name: values[present] for name, values in each.items()}
+    for name, flags in any_of.items():
+        hit = np.zeros(present.size, dtype=np.bool_)
+        hit[at[flags]] = True
+        out[name] = hit
+    summed = pd.DataFrame(sums).groupby(at, sort=True).sum()
+    for name in sums:
+        out[name] = summed[name].to_numpy(dtype=np.float64)
+    for name, values in most.items():
+        top = np.full(present.size, INT_MIN, dtype=np.int64)
+        np.maximum.at(top, at, values)
+        out[name] = top
+    return pd.DataFrame(out, index=pd.Index(uids[present], name="pod_uid"))
 
 
 def summarise(per_pod: pd.DataFrame, *, policies: Sequence[Policy], window: Window) -> WhatIf:

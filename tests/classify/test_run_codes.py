@@ -8,7 +8,7 @@ import pandas as pd
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from auditor.classify.arrays import run_factorize, run_isin
+from auditor.classify.arrays import ascending, order_by, run_factorize, run_isin
 
 NAMES = st.sampled_from(["GPU-a", "GPU-b", "pod-1", "pod-2", "", None])
 MISSING = st.sampled_from([None, float("nan"), pd.NA])
@@ -43,3 +43,12 @@ def test_a_column_grouped_in_runs_keeps_its_runs_and_sorted_names() -> None:
     assert codes[:1000].tolist() == [1] * 1000
     assert codes[1000:2000].tolist() == [0] * 1000
     assert codes[2000:].tolist() == [1] * 1000
+
+
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 3), st.integers(0, 3)), max_size=30))
+def test_ascending_is_whether_order_by_leaves_every_row_in_place(
+    rows: list[tuple[int, int, int]],
+) -> None:
+    keys = [np.array([r[i] for r in rows], dtype=np.int64) for i in range(3)]
+    in_place = bool((order_by(*keys) == np.arange(len(rows))).all()) if rows else True
+    assert ascending(*keys) == in_place

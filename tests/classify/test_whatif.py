@@ -25,7 +25,7 @@ from typer.testing import CliRunner
 
 from auditor import jobs
 from auditor.classify import classify
-from auditor.classify.whatif import WhatIf, parse_policy, what_if
+from auditor.classify.whatif import WhatIf, card_rows, parse_policy, what_if
 from auditor.cli import app
 from auditor.errors import InputError
 from auditor.model import Window
@@ -349,6 +349,28 @@ def test_released_never_exceeds_the_held_idle_of_the_same_scope(
         assert rows["pods_stopped"].sum() == 0
     else:
         assert ((result.stops["stop_ms"] >= a) & (result.stops["stop_ms"] < b)).all()
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(replays(), st.randoms(use_true_random=False))
+def test_card_rows_take_pieces_in_any_order(
+    case: tuple[Cluster, pd.DataFrame, str], shuffle: Any
+) -> None:
+    """The classifier's pieces come in the order card rows are built in (none is sorted);
+    pieces in any other order give the same rows."""
+    cluster = case[0]
+    pieces = classify(
+        cluster.samples,
+        cluster.tenures,
+        window=Window(cluster.lo, cluster.hi + 1),
+        thresholds=PROP_TH,
+        keep_pieces=True,
+    ).pieces
+    assert pieces is not None
+    rows = card_rows(pieces)
+    order = list(range(len(pieces)))
+    shuffle.shuffle(order)
+    pd.testing.assert_frame_equal(card_rows(pieces.iloc[order]), rows, check_exact=False)
 
 
 # ---------------------------------------------------------------- through the store
