@@ -63,6 +63,15 @@ class SampleTable:
     rolled: BoolArr | None = None
     """Per sample: a rolled-up minute (a mean over what it covers, not a point reading);
     None where there are none."""
+    read: IntArr | None = None
+    """Per sample: when the reading it carries was taken, where that is not `ts` (a shared
+    card's samples cut where a tenure or a share begins: the piece after the cut still
+    carries the reading before it); None where every sample is its own reading."""
+
+    @property
+    def reading_ms(self) -> IntArr:
+        """Per sample, when its reading was taken."""
+        return self.ts if self.read is None else self.read
 
     @property
     def n_gpus(self) -> int:

@@ -298,7 +298,7 @@ def classify(
     view = compare_with_gang(
         gang=ten.gang[r_ten],
         gpu=r_gpu,
-        ts=st.ts[r_sample],
+        ts=st.reading_ms[r_sample],  # a reading meets its gang when it was taken
         util=r_util,
         gang_period=gang_period,
         marker_gang=m_gang,

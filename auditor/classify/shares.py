@@ -131,6 +131,7 @@ class _Blocks:
     covered: list[FloatArr]
     gap: list[FloatArr]
     estimated: list[BoolArr]
+    read: list[IntArr]
 
     def add(
         self,
@@ -146,6 +147,7 @@ class _Blocks:
         covered: FloatArr,
         gap: FloatArr,
         estimated: BoolArr,
+        read: IntArr,
     ) -> None:
         self.gpu.append(np.full(ts.size, gpu, dtype=np.int64))
         self.ts.append(ts)
@@ -158,6 +160,7 @@ class _Blocks:
         self.covered.append(covered)
         self.gap.append(gap)
         self.estimated.append(estimated)
+        self.read.append(read)
 
 
 def expand(
@@ -194,7 +197,8 @@ def expand(
     )
     bounds = np.append(starts, st.ts.size)
     throttle = st.throttle if st.throttle is not None else np.full(st.ts.size, -1, np.int64)
-    blocks = _Blocks([], [], [], [], [], [], [], [], [], [], [])
+    blocks = _Blocks([], [], [], [], [], [], [], [], [], [], [], [])
+    reading = st.reading_ms
     by_tenant = _activity_by_tenant(activity)
     extra_keys: list[str] = []
     extra_period: list[int] = []
@@ -226,6 +230,7 @@ def expand(
                 "cov_end": st.cov_end[sl],
                 "span_end": st.span_end[sl],
                 "throttle": throttle[sl],
+                "read": reading[sl],
             }
             if cuts.size:
                 own = _cut(own, cuts, last_end=int(st.last_end[g]))
@@ -242,6 +247,7 @@ def expand(
                 covered=np.full(own["ts"].size, 1.0) * w,
                 gap=np.full(own["ts"].size, 1.0) * w,
                 estimated=np.zeros(own["ts"].size, dtype=np.bool_),
+                read=own["read"],
             )
             continue
         tenants = []
@@ -267,6 +273,7 @@ def expand(
             by_tenant=by_tenant,
             window=window,
             more_cuts=cuts,
+            read=reading[sl],
         )
         over_rows += over
         w_free = 1.0 if lay is None else weight_at(lay, row, free["ts"])
@@ -282,6 +289,7 @@ def expand(
             covered=free["covered"] * w_free,
             gap=free["gap"] * w_free,
             estimated=np.zeros(free["ts"].size, dtype=np.bool_),
+            read=free["read"],
         )
         for tenant, arrays in virtual:
             key = f"{uuid}{SEP}{tenant.pod}{SEP}{tenant.start}"
@@ -315,6 +323,7 @@ def expand(
             covered=arrays["covered"],
             gap=arrays["gap"],
             estimated=arrays["estimated"],
+            read=arrays["read"],
         )
     samples = _table(st, blocks, extra_keys=extra_keys, extra_period=extra_period)
     new_tenures = tenures.copy()
@@ -361,6 +370,7 @@ def _cut(arrays: dict[str, np.ndarray], cuts: IntArr, *, last_end: int) -> dict[
         "cov_end": cov_end,
         "span_end": ends,
         "throttle": arrays["throttle"][parent],
+        "read": arrays["read"][parent],
     }
 
 
@@ -374,10 +384,12 @@ def _card_block(
     ends = np.append(points[1:], lay.end).astype(np.int64)
     util = np.full(points.size, np.nan)
     code = np.full(points.size, -1, dtype=np.int64)
+    read = points
     if g is not None:
         sample, _, own = state(st, g, bounds, points)
         util = np.where(own, st.util[np.maximum(sample, 0)], np.nan)
         code = np.where(own, throttle[np.maximum(sample, 0)], -1)
+        read = np.where(own, st.reading_ms[np.maximum(sample, 0)], points)
     w = lay.rest
     return {
         "ts": points,
@@ -390,6 +402,7 @@ def _card_block(
         "covered": w.copy(),
         "gap": w.copy(),
         "estimated": np.zeros(points.size, dtype=np.bool_),
+        "read": read,
     }
 
 
@@ -419,6 +432,7 @@ def _table(
         period=np.concatenate([st.period, np.array(extra_period, dtype=np.int64)]),
         first=first,
         last_end=last_end,
+        read=np.concatenate(blocks.read),
     )
 
 

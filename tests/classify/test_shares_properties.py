@@ -129,3 +129,32 @@ def test_one_tenant_of_share_1_is_the_exclusive_path(
         x, y = float(left.get(key, 0.0)), float(right.get(key, 0.0))
         assert math.isclose(x, y, rel_tol=1e-9, abs_tol=1e-6), (key, x, y)
     assert not shared["estimated"].any()
+
+
+def test_a_piece_cut_where_a_tenure_begins_meets_its_gang_when_its_reading_was_taken() -> None:
+    """The shared path cuts a card's samples where a tenure begins: the piece after the cut
+    still carries the reading before it, and meets its gang at that reading's instant, as
+    the exclusive path does. Here gpu-1 read 40 % at 7 s (tick 1 at a 5 s period) and pod-b
+    held it for a second from 8 s (tick 2); its gang mate on gpu-0 read 0 % at tick 1 and
+    90 % at tick 2. Met at the cut, half of pod-b's second was `straggler_wait` (waiting for
+    a busier rank); met at its reading, as unshared, it is `compute_idle`."""
+    util_0 = {0: 0.0, 5_000: 0.0, 10_000: 90.0, 15_000: 90.0, 20_000: 90.0}
+    rows = [("gpu-0", T0 + t, u) for t, u in util_0.items()]
+    rows += [("gpu-1", T0 + t, 40.0) for t in (2_000, 7_000, 12_000, 17_000)]
+    tenures = pd.DataFrame(
+        [("gpu-0", "pod-a", "J", T0, T0 + 25_000, 1.0),
+         ("gpu-1", "pod-b", "J", T0 + 8_000, T0 + 9_000, 1.0)],
+        columns=["gpu", "pod_uid", "gang", "start_ms", "end_ms", "share"],
+    )  # fmt: skip
+    window = Window(T0, T0 + 25_000)
+    exclusive = classify(frame(rows), tenures, window=window, thresholds=TH).results
+    shared = classify(
+        frame(rows), tenures, window=window, thresholds=TH, shared_cards={"gpu-1"}
+    ).results
+
+    def pod_b(results: pd.DataFrame) -> dict[str, float]:
+        mine = results[results["pod_uid"] == "pod-b"]
+        return dict(zip(mine["category"], mine["seconds"].round(6), strict=True))
+
+    assert pod_b(exclusive) == {"busy": 0.4, "compute_idle": 0.6}
+    assert pod_b(shared) == pod_b(exclusive)
