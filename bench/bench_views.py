@@ -70,9 +70,15 @@ def widest_job(url: str) -> tuple[str, Callable[[], object]]:
     wanted = [(ids[g], lo, hi) for g in sorted(set(mine["gpu"]))]
     uuids = {i: u for u, i in ids.items()}
 
-    def read() -> object:
-        with engine.connect() as conn:
-            return reads.read_card_samples(conn, wanted, uuids, neighbours=NEIGHBOUR_SAMPLES)
+    engine.dispose()
+
+    def read() -> object:  # on an engine of its own, as explain opens one
+        mine = jobs.open_store(url)
+        try:
+            with mine.connect() as conn:
+                return reads.read_card_samples(conn, wanted, uuids, neighbours=NEIGHBOUR_SAMPLES)
+        finally:
+            mine.dispose()
 
     return f"{ns}/{job}", read
 
