@@ -308,6 +308,14 @@ def whatif(
         str | None,
         typer.Option("--cluster", help="The cluster replayed, where the database holds several."),
     ] = None,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            "--workers",
+            min=1,
+            help="Processes that read and replay parts of the fleet side by side, as the audit takes them (default on Linux: one per CPU this process may use, for 400,000 samples or more; elsewhere 1; 1: none). The output is the same.",
+        ),
+    ] = None,
 ) -> None:
     """Replay idle-culling policies over stored history: GPU-hours released, false stops.
 
@@ -326,6 +334,7 @@ def whatif(
             policies=policies,
             window=parse_window(start, end, since),
             thresholds=config.thresholds,
+            workers=workers,
         )
         renderers = {
             WhatIfFormat.TABLE: render_whatif_table,

@@ -400,6 +400,17 @@ def test_same_store_same_bytes(demo_db: str) -> None:
     assert csv_lines[0].startswith("policy,team,pods_stopped,false_stops,released_gpu_hours")
 
 
+def test_the_command_takes_its_workers(demo_db: str) -> None:
+    """`--workers` as the audit takes it: the same output in one process or two."""
+    args = ["--db", demo_db, "whatif", "--policy", POLICIES[0], "--format", "csv"]
+    one = CliRunner().invoke(app, [*args, "--workers", "1"])
+    two = CliRunner().invoke(app, [*args, "--workers", "2"])
+    assert one.exit_code == 0, one.output
+    assert two.output == one.output
+    none = CliRunner().invoke(app, [*args, "--workers", "0"])
+    assert none.exit_code == 2
+
+
 def test_a_replay_in_worker_processes_is_the_replay_in_one(demo_db: str) -> None:
     """Chunks replayed by two workers (forked, or from a fork server beside another
     thread) sum to exactly what one process replays, pod by pod."""
