@@ -31,6 +31,7 @@ import pandas as pd
 from auditor.model import CATEGORIES, PLATFORM_TEAM, WasteCategory, Window
 from auditor.settings import Thresholds
 from auditor.simulate import catalogue
+from auditor.simulate.cause_truth import idle_cause_truth
 from auditor.simulate.demand import (
     Cordon,
     Wait,
@@ -46,7 +47,6 @@ from auditor.simulate.signals import (
     FREE_CAUSES,
     IDLE_CAUSES,
     Signals,
-    idle_cause_truth,
     plan_signals,
 )
 from auditor.simulate.telemetry import derive
