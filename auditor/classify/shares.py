@@ -131,7 +131,7 @@ class _Blocks:
     covered: list[FloatArr]
     gap: list[FloatArr]
     estimated: list[BoolArr]
-    read: list[IntArr]
+    origin: list[IntArr]
 
     def add(
         self,
@@ -147,7 +147,7 @@ class _Blocks:
         covered: FloatArr,
         gap: FloatArr,
         estimated: BoolArr,
-        read: IntArr,
+        origin: IntArr,
     ) -> None:
         self.gpu.append(np.full(ts.size, gpu, dtype=np.int64))
         self.ts.append(ts)
@@ -160,7 +160,7 @@ class _Blocks:
         self.covered.append(covered)
         self.gap.append(gap)
         self.estimated.append(estimated)
-        self.read.append(read)
+        self.origin.append(origin)
 
 
 def expand(
@@ -198,7 +198,6 @@ def expand(
     bounds = np.append(starts, st.ts.size)
     throttle = st.throttle if st.throttle is not None else np.full(st.ts.size, -1, np.int64)
     blocks = _Blocks([], [], [], [], [], [], [], [], [], [], [], [])
-    reading = st.reading_ms
     by_tenant = _activity_by_tenant(activity)
     extra_keys: list[str] = []
     extra_period: list[int] = []
@@ -230,7 +229,7 @@ def expand(
                 "cov_end": st.cov_end[sl],
                 "span_end": st.span_end[sl],
                 "throttle": throttle[sl],
-                "read": reading[sl],
+                "origin": np.arange(a, b, dtype=np.int64),
             }
             if cuts.size:
                 own = _cut(own, cuts, last_end=int(st.last_end[g]))
@@ -247,7 +246,7 @@ def expand(
                 covered=np.full(own["ts"].size, 1.0) * w,
                 gap=np.full(own["ts"].size, 1.0) * w,
                 estimated=np.zeros(own["ts"].size, dtype=np.bool_),
-                read=own["read"],
+                origin=own["origin"],
             )
             continue
         tenants = []
@@ -273,7 +272,7 @@ def expand(
             by_tenant=by_tenant,
             window=window,
             more_cuts=cuts,
-            read=reading[sl],
+            origin=np.arange(a, b, dtype=np.int64),
         )
         over_rows += over
         w_free = 1.0 if lay is None else weight_at(lay, row, free["ts"])
@@ -289,7 +288,7 @@ def expand(
             covered=free["covered"] * w_free,
             gap=free["gap"] * w_free,
             estimated=np.zeros(free["ts"].size, dtype=np.bool_),
-            read=free["read"],
+            origin=free["origin"],
         )
         for tenant, arrays in virtual:
             key = f"{uuid}{SEP}{tenant.pod}{SEP}{tenant.start}"
@@ -323,7 +322,7 @@ def expand(
             covered=arrays["covered"],
             gap=arrays["gap"],
             estimated=arrays["estimated"],
-            read=arrays["read"],
+            origin=arrays["origin"],
         )
     samples = _table(st, blocks, extra_keys=extra_keys, extra_period=extra_period)
     new_tenures = tenures.copy()
@@ -370,7 +369,7 @@ def _cut(arrays: dict[str, np.ndarray], cuts: IntArr, *, last_end: int) -> dict[
         "cov_end": cov_end,
         "span_end": ends,
         "throttle": arrays["throttle"][parent],
-        "read": arrays["read"][parent],
+        "origin": arrays["origin"][parent],
     }
 
 
@@ -384,12 +383,12 @@ def _card_block(
     ends = np.append(points[1:], lay.end).astype(np.int64)
     util = np.full(points.size, np.nan)
     code = np.full(points.size, -1, dtype=np.int64)
-    read = points
+    origin = np.full(points.size, -1, dtype=np.int64)
     if g is not None:
         sample, _, own = state(st, g, bounds, points)
         util = np.where(own, st.util[np.maximum(sample, 0)], np.nan)
         code = np.where(own, throttle[np.maximum(sample, 0)], -1)
-        read = np.where(own, st.reading_ms[np.maximum(sample, 0)], points)
+        origin = np.where(own, sample, -1)
     w = lay.rest
     return {
         "ts": points,
@@ -402,7 +401,7 @@ def _card_block(
         "covered": w.copy(),
         "gap": w.copy(),
         "estimated": np.zeros(points.size, dtype=np.bool_),
-        "read": read,
+        "origin": origin,
     }
 
 
@@ -412,6 +411,10 @@ def _table(
     gpu = np.concatenate(blocks.gpu)
     ts = np.concatenate(blocks.ts)
     span_end = np.concatenate(blocks.span_end)
+    # what each pseudo-sample carries of the sample it came from (-1: none): the instant its
+    # reading was taken, and whether it is a rolled-up minute (a mean, not a point reading)
+    origin = np.concatenate(blocks.origin)
+    at_origin = np.maximum(origin, 0)
     uuids: ObjArr = np.concatenate([st.uuids, np.array(extra_keys, dtype=object)])
     n = uuids.size
     first = np.zeros(n, dtype=np.int64)
@@ -432,7 +435,8 @@ def _table(
         period=np.concatenate([st.period, np.array(extra_period, dtype=np.int64)]),
         first=first,
         last_end=last_end,
-        read=np.concatenate(blocks.read),
+        rolled=None if st.rolled is None else (origin >= 0) & st.rolled[at_origin],
+        read=np.where(origin >= 0, st.reading_ms[at_origin], ts),
     )
 
 

@@ -56,15 +56,16 @@ def split_card(
     by_tenant: dict[tuple[str, str], tuple[IntArr, FloatArr]],
     window: Window,
     more_cuts: IntArr | None = None,
-    read: IntArr | None = None,
+    origin: IntArr | None = None,
 ) -> tuple[
     dict[str, np.ndarray],
     list[tuple[Tenant, dict[str, np.ndarray]]],
     list[tuple[str, int, int, float, str]],
 ]:
-    """One shared card: its free-share pseudo-samples and one set per tenant. `read`: when
-    each sample's reading was taken (None: at `ts`); every pseudo-sample keeps its
-    reading's, so that it meets its gang at that instant, as the reading does unshared."""
+    """One shared card: its free-share pseudo-samples and one set per tenant. `origin`: what
+    each sample is known by outside (None: its index here); every pseudo-sample keeps its
+    sample's, so that it carries what the sample does (when its reading was taken, and
+    whether it is a rolled-up minute), as the sample does unshared."""
     cuts = np.array([t.start for t in tenants] + [t.end for t in tenants], dtype=np.int64)
     if more_cuts is not None:
         cuts = np.concatenate([cuts, more_cuts])
@@ -75,7 +76,7 @@ def split_card(
     ends = np.append(points[1:], last_end).astype(np.int64)
     p_cov = np.minimum(np.maximum(cov_end[parent], points), ends)
     card_u = util[parent] / 100.0  # NaN where unreadable
-    p_read = (ts if read is None else read)[parent]
+    p_origin = (np.arange(ts.size, dtype=np.int64) if origin is None else origin)[parent]
 
     ranges = [
         (int(np.searchsorted(points, t.start)), int(np.searchsorted(points, t.end)))
@@ -180,7 +181,7 @@ def split_card(
                     "covered": s,
                     "gap": s,
                     "estimated": est,
-                    "read": p_read[j0:j1],
+                    "origin": p_origin[j0:j1],
                 },
             )
         )
@@ -212,6 +213,6 @@ def split_card(
         # kernels that ran while no tenant held the card: busy, though nobody's (free
         # stretches while tenants are present carry only idle: their busy is the tenants')
         "busy": np.where(n > 0, 0.0, np.nan_to_num(card_u)),
-        "read": p_read,
+        "origin": p_origin,
     }
     return free_arrays, virtual, over

@@ -158,3 +158,36 @@ def test_a_piece_cut_where_a_tenure_begins_meets_its_gang_when_its_reading_was_t
 
     assert pod_b(exclusive) == {"busy": 0.4, "compute_idle": 0.6}
     assert pod_b(shared) == pod_b(exclusive)
+
+
+def test_a_rolled_up_minute_stays_a_minute_mean_on_a_shared_card() -> None:
+    """A rolled-up minute is a mean, so an idle one says the whole minute was idle and can
+    be a checkpoint gap of a minute; a point reading cannot (it needs three periods, three
+    minutes at a minute's period). One idle minute in ten, three hours of rolled-up minutes:
+    checkpoints, through the shared path as through the exclusive one, where the expansion
+    had lost which rows were minute means."""
+    minutes = np.arange(180)
+    samples = pd.DataFrame(
+        {
+            "gpu": pd.Series("gpu-0", index=minutes, dtype=object),
+            "ts_ms": T0 + minutes * 60_000,
+            "util": np.where(minutes % 10 == 5, 0.0, 90.0),
+            "throttle_reasons": None,
+            "cover_ms": 60_000.0,
+        }
+    )
+    tenures = pd.DataFrame(
+        [("gpu-0", "pod-a", "J", T0, T0 + 180 * 60_000, 1.0)],
+        columns=["gpu", "pod_uid", "gang", "start_ms", "end_ms", "share"],
+    )
+    window = Window(T0, T0 + 180 * 60_000)
+    exclusive = classify(samples, tenures, window=window, thresholds=TH).results
+    shared = classify(
+        samples, tenures, window=window, thresholds=TH, shared_cards={"gpu-0"}
+    ).results
+
+    def seconds(results: pd.DataFrame) -> dict[str, float]:
+        return dict(zip(results["category"], results["seconds"].round(6), strict=True))
+
+    assert seconds(exclusive)["checkpoint"] == 18 * 60
+    assert seconds(shared) == seconds(exclusive)
