@@ -248,12 +248,14 @@ def replay_pods(
     code, uids = run_factorize(rows["pod_uid"], sort=True)
     pod = uids[code]
     gang_u = gang_of.reindex(uids)
-    gang = gang_u.to_numpy(dtype=object)[code]
+    gang_names = gang_u.to_numpy(dtype=object)
+    gang = gang_names[code]
     team_u = info["team"].reindex(uids).fillna("").astype(str).to_numpy(dtype=object)
     label_u = pd.Series(uids, dtype=object)
     if {"namespace", "name"} <= set(info.columns):  # namespace/name, as people know the pod
         names = (info["namespace"].astype(str) + "/" + info["name"].astype(str)).reindex(uids)
         label_u = names.fillna(label_u.set_axis(names.index)).reset_index(drop=True)
+    labels = label_u.to_numpy(dtype=object)
     start = rows["start_ms"].to_numpy(dtype=np.int64)
     end = rows["end_ms"].to_numpy(dtype=np.int64)
     length = np.maximum(end - start, 1).astype(np.float64)
@@ -298,7 +300,8 @@ def replay_pods(
         fires = pod_eligible & idle & (counted > 0) & (cum >= policy.idle_ms)
         fired = pd.DataFrame({"gang": gang[fires], "at": (end - (cum - policy.idle_ms))[fires]})
         first_stop = fired.groupby("gang")["at"].min()
-        stop_ms = first_stop.reindex(gang_u).to_numpy(dtype=np.float64)[code]
+        stop_u = first_stop.reindex(gang_u).to_numpy(dtype=np.float64)
+        stop_ms = stop_u[code]
         stopped = scope & ~np.isnan(stop_ms)
         stop_row = np.where(stopped, stop_ms, np.inf)
         after = np.clip(np.minimum(end, w1) - np.maximum(start, np.maximum(stop_row, w0)), 0, None)
@@ -310,11 +313,11 @@ def replay_pods(
             code[scope],
             uids=uids,
             each={
-                "pod": label_u.to_numpy(dtype=object),
-                "gang": gang_u.to_numpy(dtype=object),
+                "pod": labels,
+                "gang": gang_names,
                 "team": team_u,
                 "eligible": eligible_u,
-                "stop_ms": first_stop.reindex(gang_u).to_numpy(dtype=np.float64),
+                "stop_ms": stop_u,
             },
             any_of={
                 "held_after": (stopped & (end > stop_row))[scope],

@@ -259,10 +259,9 @@ def _audit(
         ranges = card_ranges(gpus, tenures, window=audited)
         gpu_ids = {str(u): int(i) for u, i in zip(gpus["uuid"], gpus["id"], strict=True)}
         period_ms = max(1, round(thresholds.default_period_s * 1000))
-        stored = None
-        if source is None:  # the rows each card's range will read, not its length
-            held = reads.stored_spans(conn, cluster=cluster)
-            stored = {u: held[i] for u, i in gpu_ids.items() if i in held}
+        # the rows each card's range will read, not its length (none are stored for an
+        # audit from the metrics store: there, the length)
+        stored = reads.stored_spans(conn, cluster=cluster) if source is None else None
         cost = planned_cost(ranges, period_ms=period_ms, stored=stored)
         planned = sum(cost.values())
         # an audit from the metrics store reads through this process's client

@@ -102,8 +102,7 @@ def replay_stored(
     hi = over.groupby("gpu")["end_ms"].max().clip(lower=window[1]) + READ_MARGIN_MS
     ranges = {str(u): (int(lo[u]), int(hi[u])) for u in lo.index}
     period_ms = max(1, round(thresholds.default_period_s * 1000))
-    held = reads.stored_spans(conn, cluster=cluster)  # the rows a range reads, not its length
-    stored = {u: held[gpu_ids[u]] for u in ranges if gpu_ids[u] in held}
+    stored = reads.stored_spans(conn, cluster=cluster)  # the rows a range reads, not its length
     cost = planned_cost(ranges, period_ms=period_ms, stored=stored)
     workers = workers_for(workers, planned=sum(cost.values()))
     parts = chunks(

@@ -278,14 +278,14 @@ class StoredSpan(NamedTuple):
     last_minute_ms: int | None
 
 
-def stored_spans(conn: Connection, *, cluster: str | None = None) -> dict[int, StoredSpan]:
-    """Per card (of `cluster`), by GPU id, the span of its raw samples and of its rolled-up
+def stored_spans(conn: Connection, *, cluster: str | None = None) -> dict[str, StoredSpan]:
+    """Per card (of `cluster`), by UUID, the span of its raw samples and of its rolled-up
     minutes: four key seeks a card, as `sample_span` reads, not a scan."""
     s, m = gpu_samples.alias("s"), gpu_samples_1m.alias("m")
     raw = select(s.c.ts_ms).where(s.c.gpu_id == gpus.c.id).correlate(gpus)
     rolled = select(m.c.minute_ms).where(m.c.gpu_id == gpus.c.id).correlate(gpus)
     stmt = select(
-        gpus.c.id,
+        gpus.c.uuid,
         raw.order_by(s.c.ts_ms).limit(1).scalar_subquery(),
         raw.order_by(s.c.ts_ms.desc()).limit(1).scalar_subquery(),
         rolled.order_by(m.c.minute_ms).limit(1).scalar_subquery(),
@@ -294,8 +294,8 @@ def stored_spans(conn: Connection, *, cluster: str | None = None) -> dict[int, S
     if cluster is not None:
         stmt = stmt.where(gpus.c.cluster == cluster)
     return {
-        int(gpu_id): StoredSpan(*(None if v is None else int(v) for v in ends))
-        for gpu_id, *ends in conn.execute(stmt)
+        str(uuid): StoredSpan(*(None if v is None else int(v) for v in ends))
+        for uuid, *ends in conn.execute(stmt)
     }
 
 

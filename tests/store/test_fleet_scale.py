@@ -312,13 +312,12 @@ def test_a_cards_planned_cost_is_the_rows_its_range_reads(engine: Engine) -> Non
         rollup(conn, before_ms=12 * hour, thresholds=Thresholds(), gpu_ids=[ids[2]])
     with engine.connect() as conn:
         held = reads.stored_spans(conn)
-    assert held[ids[3]] == (None, None, None, None)
-    assert held[ids[1]] == (6 * hour, 7 * hour - 5_000, None, None)
-    assert held[ids[2]][2:] == (0, 12 * hour - 60_000)
+    assert held["GPU-3"] == (None, None, None, None)
+    assert held["GPU-1"] == (6 * hour, 7 * hour - 5_000, None, None)
+    assert held["GPU-2"][2:] == (0, 12 * hour - 60_000)
 
-    stored = {f"GPU-{i}": held[g] for i, g in enumerate(ids)}
     day = {f"GPU-{i}": (0, 24 * hour) for i in range(4)}
-    cost = planned_cost(day, period_ms=5_000, stored=stored)
+    cost = planned_cost(day, period_ms=5_000, stored=held)
     assert cost["GPU-0"] == 24 * 720 - 1  # its first to its last reading
     assert cost["GPU-1"] == 720 - 1
     assert cost["GPU-2"] == 12 * 720 - 1 + 12 * 60 - 1  # raw half, and a row a minute
@@ -326,6 +325,6 @@ def test_a_cards_planned_cost_is_the_rows_its_range_reads(engine: Engine) -> Non
     # a range past the stored samples costs only its overlap; without what the store
     # holds (an audit from the metrics store), every card costs its range at the period
     late = planned_cost({"GPU-1": (6 * hour + 1_800_000, 30 * hour)}, period_ms=5_000,
-                        stored=stored)  # fmt: skip
+                        stored=held)  # fmt: skip
     assert late == {"GPU-1": 360 - 1}
     assert planned_cost(day, period_ms=5_000) == dict.fromkeys(day, 24 * 720)
